@@ -1,0 +1,33 @@
+"""Shared pytest setup: 8 simulated CPU devices, offline HF, and tiny local checkpoints."""
+
+import os
+
+# Must happen before JAX initialises anywhere in the test process.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_dir(family, **options) -> path of a cached tiny HF checkpoint."""
+    from jaxcore.tiny import write_tiny_checkpoint
+
+    cache: dict[tuple, Path] = {}
+
+    def make(family: str = "llama", **options) -> Path:
+        key = (family, tuple(sorted(options.items())))
+        if key not in cache:
+            name = "-".join([family, *(f"{k}={v}" for k, v in sorted(options.items()))])
+            cache[key] = write_tiny_checkpoint(tmp_path_factory.mktemp(name), family, **options)
+        return cache[key]
+
+    return make

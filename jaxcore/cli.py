@@ -1,0 +1,91 @@
+"""The `jaxcore` command. Each subcommand lives in `jaxcore.commands.<name>` and is imported lazily.
+
+    jaxcore convert --from-hf DIR --out CKPT      jaxcore convert --to-hf CKPT --out DIR
+    jaxcore generate --model DIR --prompt "..."   jaxcore es --config configs/X.yaml key=value
+    jaxcore grpo --config configs/X.yaml          jaxcore bench --suite all --json out.json
+    jaxcore demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS = {
+    "convert": "Convert between HF directories and jaxcore (orbax) checkpoints",
+    "generate": "Sample completions from a model directory or checkpoint",
+    "es": "EGGROLL evolution-strategies training",
+    "grpo": "GRPO training",
+    "bench": "Benchmarks that print ratios against a reference measured in the same run",
+    "demo": "The main job: ES on a tiny local model and task, evaluated with transformers",
+}
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input (not a bug): shown as one line without a traceback."""
+    from jaxcore.config_model import ConfigError
+    from jaxcore.convert import CheckpointError
+
+    types: list[type[BaseException]] = [UserError, ConfigError, CheckpointError, FileNotFoundError]
+    try:
+        from jaxcore.config import ConfigValueError
+        types.append(ConfigValueError)
+    except ImportError:
+        pass
+    try:
+        from jaxcore.rewards.tasks import TaskError
+        types.append(TaskError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def quiet_library_logs() -> None:
+    """JAX, absl and orbax log every checkpoint step at INFO; keep them to warnings."""
+    for name in ("absl", "jax", "orbax", "jax._src.xla_bridge", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxcore", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS.items():
+        module = importlib.import_module(f"jaxcore.commands.{name}")
+        sub = subparsers.add_parser(name, help=help_text, description=module.__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    quiet_library_logs()
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except user_error_types() as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"jaxcore {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

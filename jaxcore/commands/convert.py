@@ -1,0 +1,34 @@
+"""Convert an HF model directory to a jaxcore (orbax) checkpoint, or back.
+
+examples:
+  jaxcore convert --from-hf ./SmolLM2-135M --out ./ckpt/smollm2
+  jaxcore convert --to-hf ./ckpt/smollm2 --out ./exported --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", metavar="DIR", help="HF directory (config.json + safetensors)")
+    source.add_argument("--to-hf", metavar="CKPT", help="jaxcore checkpoint directory")
+    parser.add_argument("--out", required=True, help="output directory (written atomically)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="--to-hf only: tensor dtype of the export (default: the source's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxcore.convert import flat_state, load_hf, save_hf
+    from jaxcore.model_checkpoint import load_model, save_model, tokenizer_dir
+
+    if args.from_hf:
+        model = load_hf(args.from_hf)
+        out = save_model(model, args.out, tokenizer_dir=args.from_hf)
+    else:
+        model = load_model(args.to_hf)
+        out = save_hf(model, args.out, tokenizer_dir=tokenizer_dir(args.to_hf), dtype=args.dtype)
+    n_params = sum(int(v.size) for v in flat_state(model).values())
+    print(f"wrote {out} ({model.config.family}, {n_params / 1e6:.2f}M parameters)")
+    return 0

@@ -1,0 +1,346 @@
+"""Hugging Face directory <-> jaxcore model, with a strict tensor-name mapping.
+
+Reads only config.json and safetensors (single file or sharded with an index); never unpickles.
+Every problem (unknown model_type, missing/unexpected/misshapen tensor, a non-safetensors file)
+raises `CheckpointError` with one line naming the key or file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from jaxcore.config_model import ConfigError, ModelConfig, config_from_hf
+from jaxcore.model import Transformer, abstract_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "generation_config.json", "tokenizer.model")
+# Buffers some HF checkpoints carry that are not parameters (causal-mask and RoPE caches).
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or written faithfully."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """One HF tensor and the jaxcore parameter(s) it becomes.
+
+    kind: "copy" (same layout), "transpose" (nn.Linear [out, in] -> kernel [in, out]),
+    "split3" (GPT-2 fused c_attn, split along the last axis into q, k, v).
+    """
+
+    hf_key: str
+    jax_paths: tuple[str, ...]
+    kind: str = "copy"
+
+
+def _decoder_maps(cfg: ModelConfig) -> Iterator[TensorMap]:
+    yield TensorMap("model.embed_tokens.weight", ("embed.table",))
+    for i in range(cfg.num_layers):
+        hf, jx = f"model.layers.{i}", f"blocks.{i}"
+        for name in "qkvo":
+            yield TensorMap(f"{hf}.self_attn.{name}_proj.weight", (f"{jx}.attn.{name}.kernel",),
+                            "transpose")
+            has_bias = cfg.out_bias if name == "o" else cfg.qkv_bias
+            if has_bias:
+                yield TensorMap(f"{hf}.self_attn.{name}_proj.bias", (f"{jx}.attn.{name}.bias",))
+        if cfg.qk_norm:
+            yield TensorMap(f"{hf}.self_attn.q_norm.weight", (f"{jx}.attn.q_norm.scale",))
+            yield TensorMap(f"{hf}.self_attn.k_norm.weight", (f"{jx}.attn.k_norm.scale",))
+        for name in ("gate", "up", "down"):
+            yield TensorMap(f"{hf}.mlp.{name}_proj.weight", (f"{jx}.mlp.{name}.kernel",), "transpose")
+            if cfg.mlp_bias:
+                yield TensorMap(f"{hf}.mlp.{name}_proj.bias", (f"{jx}.mlp.{name}.bias",))
+        yield TensorMap(f"{hf}.input_layernorm.weight", (f"{jx}.attn_norm.scale",))
+        yield TensorMap(f"{hf}.post_attention_layernorm.weight", (f"{jx}.mlp_norm.scale",))
+    yield TensorMap("model.norm.weight", ("final_norm.scale",))
+    if not cfg.tie_word_embeddings:
+        yield TensorMap("lm_head.weight", ("lm_head.kernel",), "transpose")
+
+
+def _gpt2_maps(cfg: ModelConfig, prefix: str) -> Iterator[TensorMap]:
+    yield TensorMap(f"{prefix}wte.weight", ("embed.table",))
+    yield TensorMap(f"{prefix}wpe.weight", ("pos_embed.table",))
+    for i in range(cfg.num_layers):
+        hf, jx = f"{prefix}h.{i}", f"blocks.{i}"
+        qkv = tuple(f"{jx}.attn.{n}" for n in "qkv")
+        yield TensorMap(f"{hf}.attn.c_attn.weight", tuple(f"{p}.kernel" for p in qkv), "split3")
+        yield TensorMap(f"{hf}.attn.c_attn.bias", tuple(f"{p}.bias" for p in qkv), "split3")
+        for hf_name, jx_name in (("attn.c_proj", "attn.o"), ("mlp.c_fc", "mlp.up"),
+                                 ("mlp.c_proj", "mlp.down")):
+            yield TensorMap(f"{hf}.{hf_name}.weight", (f"{jx}.{jx_name}.kernel",))
+            yield TensorMap(f"{hf}.{hf_name}.bias", (f"{jx}.{jx_name}.bias",))
+        for hf_name, jx_name in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
+            yield TensorMap(f"{hf}.{hf_name}.weight", (f"{jx}.{jx_name}.scale",))
+            yield TensorMap(f"{hf}.{hf_name}.bias", (f"{jx}.{jx_name}.bias",))
+    yield TensorMap(f"{prefix}ln_f.weight", ("final_norm.scale",))
+    yield TensorMap(f"{prefix}ln_f.bias", ("final_norm.bias",))
+    if not cfg.tie_word_embeddings:
+        yield TensorMap("lm_head.weight", ("lm_head.kernel",), "transpose")
+
+
+def tensor_maps(cfg: ModelConfig, gpt2_prefix: str = "transformer.") -> list[TensorMap]:
+    """The full HF <-> jaxcore mapping for a config."""
+    if cfg.is_gpt2:
+        return list(_gpt2_maps(cfg, gpt2_prefix))
+    return list(_decoder_maps(cfg))
+
+
+# ----------------------------------------------------------------------------- reading HF
+
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse <dir>/config.json or raise CheckpointError."""
+    config_path = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        raise CheckpointError(f"{path}: not a directory")
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path}: missing (an HF model directory needs config.json)")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path}: invalid JSON ({err.msg} at line {err.lineno})") from err
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from err
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    elif (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    else:
+        pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+        hint = f" (found {', '.join(pickled)}; jaxcore never unpickles)" if pickled else ""
+        raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: listed in the safetensors index but missing")
+    return files
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All tensors of an HF directory as host numpy arrays (bf16 via ml_dtypes)."""
+    tensors: dict[str, np.ndarray] = {}
+    for file in _weight_files(Path(path)):
+        try:
+            with safe_open(str(file), framework="numpy") as handle:
+                for key in handle.keys():
+                    tensors[key] = handle.get_tensor(key)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{file}: not a valid safetensors file ({err})") from err
+    return tensors
+
+
+def _check_shape(key: str, array: np.ndarray, expected: tuple[int, ...]) -> None:
+    if tuple(array.shape) != tuple(expected):
+        raise CheckpointError(f"tensor {key}: shape {tuple(array.shape)}, expected {tuple(expected)}")
+
+
+def _gpt2_prefix(tensors: dict[str, np.ndarray]) -> str:
+    return "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+
+
+def hf_to_params(cfg: ModelConfig, tensors: dict[str, np.ndarray],
+                 expected_shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """Map HF tensors to flat jaxcore parameter paths, strictly."""
+    maps = tensor_maps(cfg, _gpt2_prefix(tensors) if cfg.is_gpt2 else "transformer.")
+    known = {m.hf_key for m in maps}
+    for key in sorted(tensors):
+        ignorable = key.endswith(_IGNORED_SUFFIXES) or (key == "lm_head.weight" and cfg.tie_word_embeddings)
+        if key not in known and not ignorable:
+            raise CheckpointError(f"unexpected tensor {key} for model_type {cfg.family}")
+    params: dict[str, np.ndarray] = {}
+    for m in maps:
+        if m.hf_key not in tensors:
+            raise CheckpointError(f"missing tensor {m.hf_key} for model_type {cfg.family}")
+        array = tensors[m.hf_key]
+        if m.kind == "split3":
+            sizes = [int(np.prod(expected_shapes[p][-1:])) for p in m.jax_paths]
+            _check_shape(m.hf_key, array, (*expected_shapes[m.jax_paths[0]][:-1], sum(sizes)))
+            parts = np.split(array, np.cumsum(sizes)[:-1], axis=-1)
+        else:
+            parts = [array.T if m.kind == "transpose" else array]
+        for path, part in zip(m.jax_paths, parts):
+            _check_shape(m.hf_key, part.T if m.kind == "transpose" else part,
+                         expected_shapes[path][::-1] if m.kind == "transpose" else expected_shapes[path])
+            params[path] = np.ascontiguousarray(part)
+    return params
+
+
+def params_to_hf(cfg: ModelConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of `hf_to_params`: flat jaxcore parameters to HF tensor names and layouts."""
+    tensors: dict[str, np.ndarray] = {}
+    for m in tensor_maps(cfg):
+        parts = [params[p] for p in m.jax_paths]
+        if m.kind == "split3":
+            tensors[m.hf_key] = np.concatenate(parts, axis=-1)
+        else:
+            tensors[m.hf_key] = np.ascontiguousarray(parts[0].T if m.kind == "transpose" else parts[0])
+    return tensors
+
+
+# ----------------------------------------------------------------------------- model state
+
+
+def flat_state(model: Transformer) -> dict[str, Any]:
+    """{'blocks.0.attn.q.kernel': value, ...} for every parameter of the model."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, path + ".")
+            else:
+                flat[path] = value
+
+    walk(nnx.to_pure_dict(nnx.state(model, nnx.Param)), "")
+    return flat
+
+
+def load_params_into(model: Transformer, flat: dict[str, np.ndarray], param_dtype: Any) -> Transformer:
+    """Fill an (abstract) model's parameters from flat host arrays."""
+    state = nnx.state(model, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+
+    def fill(node: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            out[key] = fill(value, path + ".") if isinstance(value, dict) else \
+                jnp.asarray(np.asarray(flat[path]).astype(param_dtype))
+        return out
+
+    nnx.replace_by_pure_dict(state, fill(pure, ""))
+    nnx.update(model, state)
+    return model
+
+
+def source_dtype(hf_config: dict[str, Any]) -> str:
+    """The dtype the HF checkpoint was stored in (transformers 4.x `torch_dtype`, 5.x `dtype`)."""
+    name = hf_config.get("dtype") or hf_config.get("torch_dtype") or "float32"
+    return name if name in _DTYPES else "float32"
+
+
+def load_hf(path: str | os.PathLike, dtype: str | Any = "float32", *, param_dtype: str | Any = "float32",
+            remat: bool = False) -> Transformer:
+    """Load an HF directory as a jaxcore Transformer (compute `dtype`, fp32 master parameters)."""
+    hf_config = read_hf_config(path)
+    try:
+        cfg = config_from_hf(hf_config)
+    except ConfigError as err:
+        raise CheckpointError(f"{Path(path) / 'config.json'}: {err}") from err
+    model = abstract_model(cfg, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(param_dtype), remat=remat)
+    shapes = {k: tuple(v.shape) for k, v in flat_state(model).items()}
+    params = hf_to_params(cfg, read_safetensors(path), shapes)
+    return load_params_into(model, params, jnp.dtype(param_dtype))
+
+
+# ----------------------------------------------------------------------------- writing HF
+
+
+def _shard(tensors: dict[str, np.ndarray], max_shard_bytes: int) -> list[dict[str, np.ndarray]]:
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for key in sorted(tensors):
+        nbytes = tensors[key].nbytes
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensors[key]
+        size += nbytes
+    return shards
+
+
+def write_safetensors(out: Path, tensors: dict[str, np.ndarray], max_shard_bytes: int) -> None:
+    """Write model.safetensors, or shards plus model.safetensors.index.json."""
+    shards = _shard(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+             "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def copy_tokenizer_files(src: str | os.PathLike, out: Path) -> list[str]:
+    """Copy the tokenizer (and generation config) files that exist in `src`."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, out / name)
+            copied.append(name)
+    return copied
+
+
+def atomic_directory(out_dir: str | os.PathLike, write: Any) -> Path:
+    """Run `write(tmp_dir)` and move the result to `out_dir` only if it completed."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def save_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None,
+            *, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Export to an HF directory (config.json, safetensors, tokenizer files) atomically.
+
+    `dtype` defaults to the dtype of the checkpoint the model was loaded from.
+    """
+    cfg: ModelConfig = model.config
+    hf_config = cfg.hf_config
+    dtype = dtype or source_dtype(hf_config)
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"unsupported export dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+    flat = {k: np.asarray(v).astype(_DTYPES[dtype]) for k, v in flat_state(model).items()}
+    tensors = params_to_hf(cfg, flat)
+    if "dtype" in hf_config or "torch_dtype" not in hf_config:
+        hf_config["dtype"] = dtype
+    else:
+        hf_config["torch_dtype"] = dtype
+
+    def write(tmp: Path) -> None:
+        write_safetensors(tmp, tensors, max_shard_bytes)
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        if tokenizer_dir is not None:
+            copy_tokenizer_files(tokenizer_dir, tmp)
+
+    return atomic_directory(out_dir, write)

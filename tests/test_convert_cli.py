@@ -1,0 +1,93 @@
+"""Broken checkpoints fail through the CLI with one clear line and a non-zero exit."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from jaxcore.cli import main
+
+
+def broken_copy(src, dst, edit_tensors=None, edit_config=None):
+    shutil.copytree(src, dst)
+    if edit_tensors:
+        tensors = load_file(str(dst / "model.safetensors"))
+        edit_tensors(tensors)
+        save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if edit_config:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit_config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def run_cli(capsys, *args):
+    capsys.readouterr()
+    code = main(["convert", *map(str, args)])
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+CASES = {
+    "unknown_model_type": (dict(edit_config=lambda c: c.update(model_type="mamba")), "unsupported model_type 'mamba'"),
+    "missing_tensor": (dict(edit_tensors=lambda t: t.pop("model.norm.weight")), "missing tensor model.norm.weight"),
+    "unexpected_tensor": (dict(edit_tensors=lambda t: t.update(extra=np.zeros(3, np.float32))),
+                          "unexpected tensor extra"),
+    "misshapen_tensor": (dict(edit_tensors=lambda t: t.update(
+        {"model.layers.0.mlp.up_proj.weight": np.zeros((5, 64), np.float32)})),
+        "tensor model.layers.0.mlp.up_proj.weight: shape (5, 64), expected (128, 64)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_checkpoint_one_line_error(tiny_dir, tmp_path, capsys, case):
+    edits, expected = CASES[case]
+    bad = broken_copy(tiny_dir("llama"), tmp_path / "bad", **edits)
+    code, err = run_cli(capsys, "--from-hf", bad, "--out", tmp_path / "ckpt")
+    assert code == 2
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "ckpt").exists()   # nothing half-written
+
+
+def test_pickle_only_checkpoint_is_refused(tiny_dir, tmp_path, capsys):
+    bad = broken_copy(tiny_dir("llama"), tmp_path / "bad")
+    (bad / "model.safetensors").rename(bad / "pytorch_model.bin")
+    code, err = run_cli(capsys, "--from-hf", bad, "--out", tmp_path / "ckpt")
+    assert code == 2 and len(err) == 1
+    assert "pytorch_model.bin" in err[0] and "never unpickles" in err[0]
+
+
+def test_corrupt_safetensors_is_named(tiny_dir, tmp_path, capsys):
+    bad = broken_copy(tiny_dir("gpt2"), tmp_path / "bad")
+    (bad / "model.safetensors").write_bytes(b"\x00" * 64)
+    code, err = run_cli(capsys, "--from-hf", bad, "--out", tmp_path / "ckpt")
+    assert code == 2 and len(err) == 1
+    assert "model.safetensors: not a valid safetensors file" in err[0]
+
+
+def test_missing_config_and_bad_jaxcore_checkpoint(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, err = run_cli(capsys, "--from-hf", tmp_path / "empty", "--out", tmp_path / "x")
+    assert code == 2 and "config.json: missing" in err[0]
+    code, err = run_cli(capsys, "--to-hf", tmp_path / "empty", "--out", tmp_path / "x")
+    assert code == 2 and "not a jaxcore checkpoint" in err[0]
+
+
+def test_both_directions_through_the_real_command(tiny_dir, tmp_path):
+    """End to end as a user runs it: a subprocess, exit codes, and a loadable export."""
+    src = tiny_dir("gpt2")
+    cmd = [sys.executable, "-m", "jaxcore.cli", "convert"]
+    done = subprocess.run([*cmd, "--from-hf", src, "--out", tmp_path / "ckpt"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([*cmd, "--to-hf", tmp_path / "ckpt", "--out", tmp_path / "hf"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    bad = subprocess.run([*cmd, "--from-hf", tmp_path / "nope", "--out", tmp_path / "x"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [f"jaxcore convert: error: {tmp_path / 'nope'}: not a directory"]
