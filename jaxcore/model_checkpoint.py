@@ -91,3 +91,17 @@ def tokenizer_dir(path: str | os.PathLike) -> Path | None:
     """Where a checkpoint keeps its tokenizer files, if it has any."""
     tok = Path(path) / "tokenizer"
     return tok if tok.is_dir() and any(tok.iterdir()) else None
+
+
+def load_any(path: str | os.PathLike, dtype: str | Any = "float32", *, remat: bool = False
+             ) -> tuple[Transformer, Path | None]:
+    """Load an HF directory or a jaxcore checkpoint; returns (model, tokenizer directory or None)."""
+    from jaxcore.convert import load_hf
+
+    path = Path(path)
+    if (path / "jaxcore.json").is_file():
+        return load_model(path, dtype, remat=remat), tokenizer_dir(path)
+    if (path / "config.json").is_file():
+        return load_hf(path, dtype, remat=remat), path
+    raise CheckpointError(f"{path}: neither an HF model directory (config.json) nor a jaxcore checkpoint "
+                          "(jaxcore.json)")

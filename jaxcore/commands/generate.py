@@ -1,13 +1,108 @@
-"""Not built yet."""
+"""Sample completions with jaxcore's batched KV-cache generation.
+
+examples:
+  jaxcore generate --model ./SmolLM2-135M --prompt "The capital of France is" --max-new-tokens 32
+  jaxcore generate --model ./ckpt --prompts-file prompts.jsonl --output out.jsonl --temperature 0.7 --top-p 0.9
+  jaxcore generate --model ./SmolLM2-135M-Instruct --chat-template --prompt "What is 2+2?" --temperature 0
+
+--prompts-file takes JSONL with a "prompt" field per line (or plain text, one prompt per line).
+Output: one JSON object per completion {"prompt", "completion", "tokens", "finished", "logprob"}.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--model", required=True, help="HF model directory or jaxcore checkpoint")
+    parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    parser.add_argument("--prompts-file", help="JSONL with a 'prompt' field, or a text file, one per line")
+    parser.add_argument("--output", help="write JSONL here instead of printing")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--num-return-sequences", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=64, help="prompts per generate call")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--chat-template", action="store_true", help="wrap each prompt as a user turn")
+    parser.add_argument("--system", help="system message (with --chat-template)")
+
+
+def read_prompts(path: str) -> list[str]:
+    """Prompts from JSONL ({"prompt": ...} per line) or plain text (one per line)."""
+    from jaxcore.cli import UserError
+
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"{path}: no such prompts file")
+    prompts = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{number}: invalid JSON ({err.msg})") from err
+            if not isinstance(record.get("prompt"), str):
+                raise UserError(f"{path}:{number}: missing string field 'prompt'")
+            prompts.append(record["prompt"])
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise UserError(f"{path}: no prompts")
+    return prompts
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("jaxcore generate: not available yet")
+    import jax
+    import numpy as np
+    from tqdm import tqdm
+
+    from jaxcore.cli import UserError
+    from jaxcore.generate import generate
+    from jaxcore.model_checkpoint import load_any
+    from jaxcore.tokenization import decode_completions, encode_prompts, eos_token_ids, load_tokenizer
+
+    prompts = list(args.prompt) + (read_prompts(args.prompts_file) if args.prompts_file else [])
+    if not prompts:
+        raise UserError("give --prompt or --prompts-file")
+    model, tok_dir = load_any(args.model, args.dtype)
+    if tok_dir is None:
+        raise UserError(f"{args.model}: no tokenizer files")
+    tokenizer = load_tokenizer(tok_dir)
+    eos = eos_token_ids(tokenizer, model.config.hf_config)
+    out = open(args.output, "w") if args.output else sys.stdout
+    key = jax.random.key(args.seed)
+    batches = range(0, len(prompts), args.batch_size)
+    try:
+        for index in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
+            chunk = prompts[index:index + args.batch_size]
+            ids, mask = encode_prompts(tokenizer, chunk, chat_template=args.chat_template, system=args.system)
+            try:
+                result = generate(model, ids, mask, max_new_tokens=args.max_new_tokens,
+                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                  min_p=args.min_p, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
+                                  num_return_sequences=args.num_return_sequences,
+                                  key=jax.random.fold_in(key, index))
+            except ValueError as err:
+                raise UserError(str(err)) from err
+            texts = decode_completions(tokenizer, result.tokens, result.lengths)
+            lengths, finished = np.asarray(result.lengths), np.asarray(result.finished)
+            logprob = np.asarray(result.logprobs).sum(-1)
+            for row, text in enumerate(texts):
+                record = {"prompt": chunk[row // args.num_return_sequences], "completion": text,
+                          "tokens": int(lengths[row]), "finished": bool(finished[row]),
+                          "logprob": round(float(logprob[row]), 4)}
+                out.write(json.dumps(record) + "\n")
+    finally:
+        if args.output:
+            out.close()
+    return 0

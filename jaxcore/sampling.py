@@ -1,0 +1,70 @@
+"""Next-token sampling with transformers' filters, in transformers' order.
+
+temperature -> top-k -> top-p -> min-p, each exactly as the HF logits warpers compute it
+(`TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`,
+min_tokens_to_keep=1). `temperature == 0` means greedy (argmax of the raw logits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings; hashable so that a jitted sampler specialises on them."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def filter_logits(logits_BV: Array, cfg: SamplingConfig) -> Array:
+    """Apply temperature, top-k, top-p and min-p; removed tokens get -inf."""
+    scores = logits_BV.astype(jnp.float32)
+    if cfg.temperature != 1.0:
+        scores = scores / cfg.temperature
+    if cfg.top_k > 0:
+        k = min(cfg.top_k, scores.shape[-1])
+        kth_B1 = jax.lax.top_k(scores, k)[0][..., -1:]
+        scores = jnp.where(scores < kth_B1, -jnp.inf, scores)
+    if cfg.top_p < 1.0:
+        order_BV = jnp.argsort(scores, axis=-1)                     # ascending, as HF sorts
+        sorted_BV = jnp.take_along_axis(scores, order_BV, axis=-1)
+        cumulative_BV = jnp.cumsum(jax.nn.softmax(sorted_BV, axis=-1), axis=-1)
+        remove_sorted_BV = (cumulative_BV <= 1.0 - cfg.top_p).at[..., -1].set(False)
+        rows_B1 = jnp.arange(scores.shape[0])[:, None]
+        remove_BV = jnp.zeros_like(remove_sorted_BV).at[rows_B1, order_BV].set(remove_sorted_BV)
+        scores = jnp.where(remove_BV, -jnp.inf, scores)
+    if cfg.min_p > 0.0:
+        probs_BV = jax.nn.softmax(scores, axis=-1)
+        threshold_B1 = cfg.min_p * probs_BV.max(-1, keepdims=True)
+        scores = jnp.where(probs_BV < threshold_B1, -jnp.inf, scores)
+    return scores
+
+
+def sample_next(logits_BV: Array, key: Array, cfg: SamplingConfig) -> Array:
+    """One token per row: argmax when greedy, else a draw from the filtered distribution."""
+    if cfg.greedy:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, filter_logits(logits_BV, cfg), axis=-1).astype(jnp.int32)

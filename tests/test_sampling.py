@@ -1,0 +1,96 @@
+"""Sampling frequencies match the exactly filtered distribution (transformers' warpers, in order)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import jaxcore
+from jaxcore.generate import generate
+from jaxcore.sampling import SamplingConfig, filter_logits, sample_next
+
+DRAWS = 40_000
+LOGITS = np.array([2.0, 1.6, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, -2.0, -3.0], np.float32)
+SETTINGS = [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=5),
+    SamplingConfig(temperature=1.5, top_p=0.8),
+    SamplingConfig(temperature=2.0, min_p=0.3),
+    SamplingConfig(temperature=2.0, top_k=7, top_p=0.8, min_p=0.3),
+]
+
+
+def hf_distribution(logits: np.ndarray, cfg: SamplingConfig, order=("temperature", "top_k", "top_p", "min_p")):
+    """The exactly filtered distribution, computed with transformers' own warpers."""
+    make = {"temperature": lambda: TemperatureLogitsWarper(cfg.temperature) if cfg.temperature != 1 else None,
+            "top_k": lambda: TopKLogitsWarper(cfg.top_k) if cfg.top_k else None,
+            "top_p": lambda: TopPLogitsWarper(cfg.top_p) if cfg.top_p < 1 else None,
+            "min_p": lambda: MinPLogitsWarper(cfg.min_p) if cfg.min_p > 0 else None}
+    warpers = LogitsProcessorList([w for w in (make[name]() for name in order) if w is not None])
+    scores = warpers(torch.zeros(1, 1, dtype=torch.long), torch.tensor(logits)[None])
+    return torch.softmax(scores, -1)[0].double().numpy()
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    support = probs > 0
+    if counts[~support].sum() > 0:
+        return 0.0                                    # sampled a token the filter removes
+    expected = probs[support] / probs[support].sum() * counts.sum()
+    return stats.chisquare(counts[support], expected).pvalue
+
+
+def draw(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    keys = jax.random.split(jax.random.key(0), DRAWS)
+    tokens = jax.jit(jax.vmap(lambda k: sample_next(jnp.asarray(logits)[None], k, cfg)[0]))(keys)
+    return np.bincount(np.asarray(tokens), minlength=len(logits))
+
+
+@pytest.mark.parametrize("cfg", SETTINGS, ids=str)
+def test_frequencies_match_filtered_distribution(cfg):
+    probs = hf_distribution(LOGITS, cfg)
+    ours = np.asarray(jax.nn.softmax(filter_logits(jnp.asarray(LOGITS)[None], cfg)))[0]
+    np.testing.assert_allclose(ours, probs, atol=1e-6)
+    assert chi_square_pvalue(draw(LOGITS, cfg), probs) > 1e-3
+
+
+def test_wrong_filter_order_is_detected():
+    """The check has power: every order that changes the distribution is rejected by the samples."""
+    cfg = SETTINGS[-1]
+    counts = draw(LOGITS, cfg)
+    right = hf_distribution(LOGITS, cfg)
+    distinct = 0
+    for order in itertools.permutations(("temperature", "top_k", "top_p", "min_p")):
+        wrong = hf_distribution(LOGITS, cfg, order=order)
+        if np.abs(wrong - right).max() > 0.05:
+            distinct += 1
+            assert chi_square_pvalue(counts, wrong) < 1e-6, order
+    assert distinct >= 20
+
+
+def test_greedy_is_argmax():
+    assert int(sample_next(jnp.asarray(LOGITS)[None], jax.random.key(0), SamplingConfig(temperature=0.0))[0]) == 0
+
+
+def test_generate_first_token_frequencies(tiny_dir):
+    """End to end through generate(): the first sampled token follows the filtered model distribution."""
+    model = jaxcore.load_hf(tiny_dir("llama"))
+    ids = np.array([[7, 8, 9, 10]], np.int32)
+    mask = np.ones_like(ids)
+    cfg = SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, min_p=0.05)
+    logits = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))[0, -1]
+    probs = hf_distribution(logits, cfg)
+    result = generate(model, ids, mask, max_new_tokens=1, num_return_sequences=4000, key=jax.random.key(3),
+                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p)
+    counts = np.bincount(np.asarray(result.tokens)[:, 0], minlength=len(logits))
+    assert chi_square_pvalue(counts, probs) > 1e-3
