@@ -1,7 +1,28 @@
-"""jaxcore: fast JAX/Flax NNX core for reward fine-tuning of LLMs (EGGROLL ES, GRPO)."""
+"""jaxcore: fast JAX/Flax NNX core for reward fine-tuning of LLMs (EGGROLL ES, GRPO).
 
-from jaxcore.convert import CheckpointError, load_hf, save_hf
-from jaxcore.model import KVCache, Transformer
+    import jaxcore
+    model = jaxcore.load_hf("path/to/hf_dir", dtype="float32")
+    logits = model(input_ids, attention_mask=mask)
+    jaxcore.save_hf(model, "out_dir", tokenizer_dir="path/to/hf_dir")
+
+Heavy modules load lazily, so `import jaxcore.rewards` (e.g. in reward worker processes) stays light.
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "KVCache", "Transformer", "load_hf", "save_hf", "__version__"]
+_LAZY = {
+    "load_hf": "jaxcore.convert", "save_hf": "jaxcore.convert", "CheckpointError": "jaxcore.convert",
+    "Transformer": "jaxcore.model", "KVCache": "jaxcore.model",
+    "load_model": "jaxcore.model_checkpoint",
+    "save_model": "jaxcore.model_checkpoint",
+}
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'jaxcore' has no attribute {name!r}")

@@ -1,0 +1,119 @@
+"""Load ``Example`` records from JSON, JSONL or a local HF ``datasets`` directory.
+
+Accepted records: ``{"prompt": ..., "answer": ...}`` objects (key names configurable) or
+``[prompt, answer]`` pairs (the RFT format). ``*.jsonl`` files hold one record per line
+(blank lines are skipped); any other file is one JSON list; a directory is loaded with
+``datasets.load_from_disk``. Every problem raises a one-line :class:`TaskError` naming the
+file and the line, record or row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jaxcore.rewards.types import Example, TaskError
+
+
+def load_records(
+    path: str | Path,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    hf_split: str = "train",
+) -> list[Example]:
+    """All records of ``path`` as examples; ``hf_split`` picks a split of a DatasetDict."""
+    path = Path(path)
+    if not path.exists():
+        raise TaskError(f"{path}: file not found")
+    if path.is_dir():
+        items = _hf_rows(path, prompt_key, answer_key, hf_split)
+    else:
+        text = _read_text(path)
+        items = _jsonl_items(path, text) if path.suffix == ".jsonl" else _json_items(path, text)
+    examples = [to_example(where, record, prompt_key, answer_key) for where, record in items]
+    if not examples:
+        raise TaskError(f"{path}: no records")
+    return examples
+
+
+def to_example(where: str, record: Any, prompt_key: str, answer_key: str) -> Example:
+    """Validate one record; ``where`` prefixes the error message."""
+    if isinstance(record, dict):
+        for key in (prompt_key, answer_key):
+            if key not in record:
+                raise TaskError(f"{where}: missing field '{key}'")
+        prompt, answer = record[prompt_key], record[answer_key]
+    elif isinstance(record, (list, tuple)):
+        if len(record) != 2:
+            raise TaskError(f"{where}: expected a [prompt, answer] pair, got {len(record)} items")
+        prompt, answer = record
+    else:
+        raise TaskError(
+            f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or a "
+            f"[prompt, answer] pair, got {type(record).__name__}"
+        )
+    if not isinstance(prompt, str):
+        raise TaskError(
+            f"{where}: field '{prompt_key}' must be a string, got {type(prompt).__name__}"
+        )
+    if not prompt:
+        raise TaskError(f"{where}: field '{prompt_key}' is empty")
+    if answer is None:
+        raise TaskError(f"{where}: field '{answer_key}' is null")
+    return Example(prompt=prompt, answer=answer)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}: cannot read file ({e})") from e
+    if not text.strip():
+        raise TaskError(f"{path}: file is empty")
+    return text
+
+
+def _jsonl_items(path: Path, text: str) -> Iterator[tuple[str, Any]]:
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+
+
+def _json_items(path: Path, text: str) -> Iterator[tuple[str, Any]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        hint = "; use a .jsonl suffix for one record per line" if e.msg == "Extra data" else ""
+        raise TaskError(f"{path}:{e.lineno}: invalid JSON ({e.msg}{hint})") from e
+    if not isinstance(data, list):
+        raise TaskError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+    for index, record in enumerate(data):
+        yield f"{path}: record [{index}]", record
+
+
+def _hf_rows(
+    path: Path, prompt_key: str, answer_key: str, hf_split: str
+) -> Iterator[tuple[str, Any]]:
+    from datasets import DatasetDict, load_from_disk  # slow import, only for directories
+
+    try:
+        data = load_from_disk(str(path))
+    except FileNotFoundError as e:
+        raise TaskError(f"{path}: not a dataset saved with datasets.save_to_disk") from e
+    if isinstance(data, DatasetDict):
+        if hf_split not in data:
+            raise TaskError(f"{path}: no split '{hf_split}' (splits: {', '.join(data)})")
+        data = data[hf_split]
+    for key in (prompt_key, answer_key):
+        if key not in data.column_names:
+            raise TaskError(
+                f"{path}: column '{key}' not found (columns: {', '.join(data.column_names)})"
+            )
+    for index, (prompt, answer) in enumerate(zip(data[prompt_key], data[answer_key])):
+        yield f"{path}: row {index}", {prompt_key: prompt, answer_key: answer}

@@ -1,0 +1,193 @@
+"""Score a batch of completions with several reward functions, robustly.
+
+``rewards_B[i] = nansum_f(weight_f * value_f[i])`` (like TRL): a function that returned None
+(or NaN) for a sample is skipped for it, and a sample that every function scored None gets 0.
+A function that raises, returns the wrong number of values or a non-numeric / infinite
+value, or (with worker processes) runs past ``timeout_s``, gives ``fallback`` for the
+samples of the affected chunk only; those are counted in ``failures`` and logged as a
+warning on the ``jaxcore.rewards`` logger. ``per_function`` holds the raw values, NaN where
+a function returned None or failed. With ``fallback=None`` failed samples are skipped like
+None. Timeouts are only enforced with ``num_workers > 0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from jaxcore.rewards.types import Example, RewardFn
+from jaxcore.rewards.workers import Outcome, WorkerPool
+
+logger = logging.getLogger("jaxcore.rewards")
+
+
+@dataclass
+class ScoreResult:
+    """Rewards of one batch."""
+
+    rewards_B: np.ndarray  # weighted sum over functions, float32 [B]
+    per_function: dict[str, np.ndarray]  # raw values per function (NaN where None/failed) [B]
+    failures: dict[str, int]  # per function: samples that got the fallback
+
+
+def to_values(output: Any, n: int) -> np.ndarray:
+    """A reward function's output as float64 [n] (None -> NaN); ValueError if malformed."""
+    if isinstance(output, (str, bytes)) or not hasattr(output, "__len__"):
+        raise ValueError(f"returned {type(output).__name__}, not a list of {n} values")
+    if len(output) != n:
+        raise ValueError(f"returned {len(output)} values for {n} samples")
+    values = np.full(n, np.nan)
+    for i, value in enumerate(output):
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Real) or math.isinf(value):
+            raise ValueError(f"returned {value!r:.60} for sample {i}; expected a finite number")
+        values[i] = float(value)
+    return values
+
+
+def _run_inline(fn: RewardFn, completions: list[str], examples: list[Example]) -> Outcome:
+    try:
+        return True, fn(completions, examples)
+    except Exception as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+class Scorer:
+    """Long-lived scorer; holds the worker pool between calls. Not thread-safe.
+
+    ``chunk_size`` defaults to the whole batch in-process and to ``ceil(B / num_workers)``
+    with workers. ``start_method`` is "spawn" or "forkserver" (never fork: JAX threads).
+    Reward functions must be picklable when ``num_workers > 0``.
+    """
+
+    def __init__(
+        self,
+        reward_fns: Mapping[str, RewardFn],
+        weights: Mapping[str, float] | None = None,
+        *,
+        num_workers: int = 0,
+        timeout_s: float = 30.0,
+        fallback: float | None = 0.0,
+        chunk_size: int | None = None,
+        start_method: str = "spawn",
+    ) -> None:
+        if not reward_fns:
+            raise ValueError("at least one reward function is needed")
+        weights = dict.fromkeys(reward_fns, 1.0) if weights is None else dict(weights)
+        if set(weights) != set(reward_fns):
+            raise ValueError(
+                f"weights are for {sorted(weights)} but reward functions are {sorted(reward_fns)}"
+            )
+        if num_workers < 0 or timeout_s <= 0 or (chunk_size is not None and chunk_size < 1):
+            raise ValueError("need num_workers >= 0, timeout_s > 0 and chunk_size >= 1 (or None)")
+        self.reward_fns = dict(reward_fns)
+        self.weights = weights
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.fallback = fallback
+        self.chunk_size = chunk_size
+        self._pool = (
+            WorkerPool(self.reward_fns, num_workers, start_method) if num_workers > 0 else None
+        )
+        self._closed = False
+
+    def score(self, completions: Sequence[str], examples: Sequence[Example]) -> ScoreResult:
+        """Score one batch; see the module docstring for the failure rules."""
+        if self._closed:
+            raise RuntimeError("Scorer is closed")
+        if len(completions) != len(examples):
+            raise ValueError(f"got {len(completions)} completions but {len(examples)} examples")
+        completions, examples = list(completions), list(examples)
+        size = len(completions)
+        width = self.chunk_size or max(1, -(-size // max(self.num_workers, 1)))
+        jobs = [
+            (name, start, min(start + width, size))
+            for name in self.reward_fns
+            for start in range(0, size, width)
+        ]
+        payloads = [(name, completions[a:b], examples[a:b]) for name, a, b in jobs]
+        if self._pool is not None:
+            outcomes = self._pool.run(payloads, self.timeout_s)
+        else:
+            outcomes = [_run_inline(self.reward_fns[n], c, e) for n, c, e in payloads]
+        raw = {name: np.full(size, np.nan) for name in self.reward_fns}
+        failed = {name: np.zeros(size, dtype=bool) for name in self.reward_fns}
+        for (name, start, stop), (ok, output) in zip(jobs, outcomes, strict=True):
+            if ok:
+                try:
+                    raw[name][start:stop] = to_values(output, stop - start)
+                    continue
+                except ValueError as e:
+                    output = str(e)
+            failed[name][start:stop] = True
+            logger.warning(
+                "reward '%s' failed on samples %d:%d (%s); using fallback %s",
+                name,
+                start,
+                stop,
+                output,
+                self.fallback,
+            )
+        return self._combine(raw, failed)
+
+    def _combine(self, raw: dict[str, np.ndarray], failed: dict[str, np.ndarray]) -> ScoreResult:
+        fill = np.nan if self.fallback is None else self.fallback
+        terms = np.stack(
+            [self.weights[name] * np.where(failed[name], fill, raw[name]) for name in raw]
+        )
+        unscored = int(np.isnan(terms).all(axis=0).sum())
+        if unscored:
+            logger.warning("%d samples have no reward from any function; they get 0", unscored)
+        return ScoreResult(
+            rewards_B=np.nansum(terms, axis=0).astype(np.float32),
+            per_function=raw,
+            failures={name: int(mask.sum()) for name, mask in failed.items()},
+        )
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        if self._pool is not None:
+            self._pool.close()
+        self._closed = True
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def score(
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    reward_fns: Mapping[str, RewardFn],
+    weights: Mapping[str, float] | None = None,
+    *,
+    num_workers: int = 0,
+    timeout_s: float = 30.0,
+    fallback: float | None = 0.0,
+    chunk_size: int | None = None,
+) -> ScoreResult:
+    """One-shot :class:`Scorer` (starts and stops workers each call)."""
+    with Scorer(
+        reward_fns,
+        weights,
+        num_workers=num_workers,
+        timeout_s=timeout_s,
+        fallback=fallback,
+        chunk_size=chunk_size,
+    ) as scorer:
+        return scorer.score(completions, examples)

@@ -1,0 +1,209 @@
+"""A small pool of spawn/forkserver worker processes that run reward jobs with a timeout.
+
+Each worker receives the pickled reward functions once at start-up, then runs jobs
+``(fn_name, completions, examples)`` one at a time. A job that raises comes back as an
+error; a job that runs past its timeout, or whose worker dies, has its worker killed and
+replaced. Workers never come from ``fork``: the parent runs JAX, whose threads do not
+survive a fork. With spawn/forkserver the parent's ``__main__`` is re-imported in each
+worker, so scripts must keep their entry point under ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import signal
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, NoReturn
+
+from jaxcore.rewards.types import Example, RewardFn
+
+START_METHODS = ("spawn", "forkserver")
+Job = tuple[str, list[str], list[Example]]
+Outcome = tuple[bool, Any]
+"""``(True, values)`` or ``(False, reason)``."""
+
+
+def pickle_reward_fns(reward_fns: Mapping[str, RewardFn]) -> bytes:
+    """Pickle the reward functions, naming the first one that cannot be pickled."""
+    for name, fn in reward_fns.items():
+        try:
+            pickle.dumps(fn)
+        except Exception as e:
+            raise ValueError(
+                f"reward function '{name}' cannot be sent to worker processes ({e}); use a "
+                "module-level function or functools.partial of one, or num_workers=0"
+            ) from None
+    return pickle.dumps(dict(reward_fns))
+
+
+def _worker_main(conn: Connection) -> None:
+    """Worker loop: load the reward functions, then answer jobs until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        fns = pickle.loads(conn.recv_bytes())
+    except BaseException as e:
+        conn.send(("startup_error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        name, completions, examples = job
+        try:
+            result: Outcome = (True, fns[name](completions, examples))
+        except BaseException as e:
+            result = (False, f"{type(e).__name__}: {e}")
+        try:
+            conn.send(("done", result))
+        except Exception as e:
+            conn.send(("done", (False, f"result could not be sent back ({type(e).__name__}: {e})")))
+
+
+class _Worker:
+    """One worker process, its pipe and what it is doing."""
+
+    def __init__(self, ctx: Any, payload: bytes, startup_timeout_s: float) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+        self.conn.send_bytes(payload)
+        self.ready = False
+        self.job: int | None = None
+        self.deadline = time.monotonic() + startup_timeout_s
+
+    @property
+    def waiting(self) -> bool:
+        """Starting up or running a job."""
+        return not self.ready or self.job is not None
+
+    def request_stop(self) -> None:
+        """Ask the worker to exit after its current job."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+
+    def kill(self) -> None:
+        """Kill the process (no-op if it has exited) and close the pipe."""
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        self.conn.close()
+
+
+class WorkerPool:
+    """``num_workers`` long-lived processes holding ``reward_fns``; see the module doc."""
+
+    def __init__(
+        self,
+        reward_fns: Mapping[str, RewardFn],
+        num_workers: int,
+        start_method: str = "spawn",
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}"
+            )
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self._payload = pickle_reward_fns(reward_fns)
+        self._ctx = multiprocessing.get_context(start_method)
+        self._num_workers = num_workers
+        self._startup_timeout_s = startup_timeout_s
+        self._workers: list[_Worker] = []
+
+    def run(self, jobs: Sequence[Job], timeout_s: float) -> list[Outcome]:
+        """Run ``jobs``, each limited to ``timeout_s`` seconds once it reaches a worker.
+
+        Raises RuntimeError (after closing the pool) if a worker cannot start.
+        """
+        if not jobs:
+            return []
+        self._workers = [w for w in self._workers if self._reusable(w)]
+        while len(self._workers) < self._num_workers:
+            self._workers.append(self._new_worker())
+        queue = deque(range(len(jobs)))
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        while queue or any(w.job is not None for w in self._workers):
+            for worker in self._workers:
+                if worker.ready and worker.job is None and queue:
+                    index = queue.popleft()
+                    try:
+                        worker.conn.send(jobs[index])
+                    except Exception as e:
+                        outcomes[index] = (False, f"could not send job ({type(e).__name__}: {e})")
+                        self._replace(worker)
+                        continue
+                    worker.job, worker.deadline = index, time.monotonic() + timeout_s
+            waiting = [w for w in self._workers if w.waiting]
+            timeout = max(0.0, min(w.deadline for w in waiting) - time.monotonic())
+            ready_conns = wait([w.conn for w in waiting], timeout)
+            for worker in waiting:
+                if worker.conn in ready_conns:
+                    self._receive(worker, outcomes)
+                elif time.monotonic() >= worker.deadline:
+                    self._expire(worker, outcomes, timeout_s)
+        return [o if o is not None else (False, "job was not run") for o in outcomes]
+
+    def close(self, grace_s: float = 1.0) -> None:
+        """Stop all workers: ask them to exit, kill those still alive after ``grace_s``."""
+        for worker in self._workers:
+            worker.request_stop()
+        deadline = time.monotonic() + grace_s
+        for worker in self._workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            worker.kill()
+        self._workers = []
+
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._ctx, self._payload, self._startup_timeout_s)
+
+    @staticmethod
+    def _reusable(worker: _Worker) -> bool:
+        """Keep a live, idle worker; kill one that died or was left busy by an interrupt."""
+        if worker.process.is_alive() and worker.job is None:
+            return True
+        worker.kill()
+        return False
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.kill()
+        self._workers[self._workers.index(worker)] = self._new_worker()
+
+    def _startup_failed(self, reason: str) -> NoReturn:
+        self.close()
+        raise RuntimeError(f"reward worker process failed to start: {reason}")
+
+    def _receive(self, worker: _Worker, outcomes: list[Outcome | None]) -> None:
+        try:
+            kind, payload = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(1.0)
+            kind, payload = "died", f"worker process died (exit code {worker.process.exitcode})"
+        if not worker.ready:
+            if kind != "ready":
+                self._startup_failed(str(payload))
+            worker.ready = True
+            return
+        assert worker.job is not None
+        outcomes[worker.job] = payload if kind == "done" else (False, payload)
+        worker.job = None
+        if kind != "done":
+            self._replace(worker)
+
+    def _expire(self, worker: _Worker, outcomes: list[Outcome | None], timeout_s: float) -> None:
+        if not worker.ready:
+            self._startup_failed(f"not ready after {self._startup_timeout_s:g} s")
+        assert worker.job is not None
+        outcomes[worker.job] = (False, f"timed out after {timeout_s:g} s (worker killed)")
+        self._replace(worker)

@@ -1,0 +1,190 @@
+"""Scoring: weighted NaN-aware sums and failure isolation, in-process and in workers."""
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from jaxcore.rewards.scoring import Scorer, score
+from jaxcore.rewards.types import Example
+
+
+# Reward functions must be module-level so that worker processes can unpickle them.
+def length_reward(completions: list[str], examples: list[Example]) -> list[float | None]:
+    return [float(len(c)) for c in completions]
+
+
+def const_one(completions: list[str], examples: list[Example]) -> list[float | None]:
+    return [1.0] * len(completions)
+
+
+def none_on_skip(completions: list[str], examples: list[Example]) -> list[float | None]:
+    return [None if c == "skip" else 2.0 for c in completions]
+
+
+def raise_on_bad(completions: list[str], examples: list[Example]) -> list[float | None]:
+    if "bad" in completions:
+        raise RuntimeError("boom")
+    return [1.0] * len(completions)
+
+
+def hang_on_hang(completions: list[str], examples: list[Example]) -> list[float | None]:
+    if "hang" in completions:
+        time.sleep(60)
+    return [1.0] * len(completions)
+
+
+def wrong_count_on_wrong(completions: list[str], examples: list[Example]) -> list[float | None]:
+    return [1.0] * (len(completions) + ("wrong" in completions))
+
+
+def die_on_die(completions: list[str], examples: list[Example]) -> list[float | None]:
+    if "die" in completions:
+        os._exit(3)
+    return [1.0] * len(completions)
+
+
+def strings(completions: list[str], examples: list[Example]) -> list[float | None]:
+    return ["1.0"] * len(completions)  # type: ignore[list-item]
+
+
+def batch(*completions: str) -> tuple[list[str], list[Example]]:
+    return list(completions), [Example(f"p{i}", "") for i in range(len(completions))]
+
+
+def test_weighted_sum_in_process() -> None:
+    result = score(
+        *batch("ab", "abcd"), {"len": length_reward, "one": const_one}, {"len": 0.5, "one": 2.0}
+    )
+    assert result.rewards_B.dtype == np.float32
+    assert result.rewards_B.tolist() == [3.0, 4.0]
+    assert result.per_function["len"].tolist() == [2.0, 4.0]
+    assert result.failures == {"len": 0, "one": 0}
+
+
+def test_none_is_skipped_like_trl(caplog: pytest.LogCaptureFixture) -> None:
+    result = score(*batch("skip", "abc"), {"none": none_on_skip, "len": length_reward}, None)
+    assert result.rewards_B.tolist() == [4.0, 5.0]
+    assert np.isnan(result.per_function["none"][0]) and result.per_function["none"][1] == 2.0
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        only = score(*batch("skip", "x"), {"none": none_on_skip}, {"none": 3.0})
+    assert only.rewards_B.tolist() == [0.0, 6.0]  # every function said None -> 0
+    assert "1 samples have no reward from any function; they get 0" in caplog.text
+
+
+def test_raising_function_only_fails_its_chunk(caplog: pytest.LogCaptureFixture) -> None:
+    fns = {"raise": raise_on_bad, "len": length_reward}
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = score(*batch("a", "bad", "cc", "d"), fns, None, fallback=-1.0, chunk_size=2)
+    assert result.rewards_B.tolist() == [0.0, 2.0, 3.0, 2.0]  # -1 + len for samples 0 and 1
+    assert result.failures == {"raise": 2, "len": 0}
+    assert np.isnan(result.per_function["raise"][:2]).all()
+    assert result.per_function["raise"][2:].tolist() == [1.0, 1.0]
+    assert [r.name for r in caplog.records] == ["jaxcore.rewards"]
+    assert caplog.records[0].getMessage() == (
+        "reward 'raise' failed on samples 0:2 (RuntimeError: boom); using fallback -1.0"
+    )
+
+
+def test_wrong_count_and_bad_values_fail(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = score(*batch("wrong", "x"), {"w": wrong_count_on_wrong, "s": strings}, None)
+    assert result.rewards_B.tolist() == [0.0, 0.0]
+    assert result.failures == {"w": 2, "s": 2}
+    assert "(returned 3 values for 2 samples)" in caplog.text
+    assert "(returned '1.0' for sample 0; expected a finite number)" in caplog.text
+
+
+def test_fallback_none_skips_failed_samples() -> None:
+    fns = {"raise": raise_on_bad, "len": length_reward}
+    result = score(*batch("bad", "cc"), fns, {"raise": 5.0, "len": 1.0}, fallback=None)
+    assert result.rewards_B.tolist() == [3.0, 2.0]
+
+
+def test_argument_errors() -> None:
+    with pytest.raises(ValueError, match="got 2 completions but 1 examples"):
+        score(["a", "b"], [Example("p", "")], {"one": const_one}, None)
+    with pytest.raises(
+        ValueError, match=r"weights are for \['x'\] but reward functions are \['one'\]"
+    ):
+        Scorer({"one": const_one}, {"x": 1.0})
+    with pytest.raises(
+        ValueError, match="reward function 'lam' cannot be sent to worker processes"
+    ):
+        Scorer({"lam": lambda c, e: [1.0] * len(c)}, num_workers=1)
+    with pytest.raises(
+        ValueError, match="start_method must be one of spawn, forkserver, got 'fork'"
+    ):
+        Scorer({"one": const_one}, num_workers=1, start_method="fork")
+    scorer = Scorer({"one": const_one})
+    scorer.close()
+    with pytest.raises(RuntimeError, match="Scorer is closed"):
+        scorer.score(*batch("a"))
+
+
+def test_empty_batch() -> None:
+    result = score([], [], {"one": const_one}, None)
+    assert result.rewards_B.shape == (0,) and result.failures == {"one": 0}
+
+
+FNS = {
+    "len": length_reward,
+    "raise": raise_on_bad,
+    "hang": hang_on_hang,
+    "wrong": wrong_count_on_wrong,
+    "die": die_on_die,
+}
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Scorer]:
+    with Scorer(FNS, num_workers=2, timeout_s=1.0, chunk_size=2) as scorer:
+        yield scorer
+
+
+def test_workers_match_in_process(pool: Scorer) -> None:
+    completions, examples = batch("ab", "abcd", "x", "yz", "q")
+    result = pool.score(completions, examples)
+    inline = score(completions, examples, FNS, None, chunk_size=2)
+    assert result.rewards_B.tolist() == [6.0, 8.0, 5.0, 6.0, 5.0]
+    assert inline.rewards_B.tolist() == result.rewards_B.tolist()
+    assert all(n == 0 for n in result.failures.values())
+
+
+def test_hanging_worker_is_killed_and_replaced(
+    pool: Scorer, caplog: pytest.LogCaptureFixture
+) -> None:
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = pool.score(*batch("hang", "ab", "cd", "ef"))
+    assert time.monotonic() - start < 10
+    # len [4, 2, 2, 2] + raise 1 + hang [0, 0, 1, 1] + wrong 1 + die 1
+    assert result.rewards_B.tolist() == [7.0, 5.0, 6.0, 6.0]
+    assert result.failures == {"len": 0, "raise": 0, "hang": 2, "wrong": 0, "die": 0}
+    assert (
+        "reward 'hang' failed on samples 0:2 (timed out after 1 s (worker killed))" in caplog.text
+    )
+    again = pool.score(*batch("ab", "cd"))  # the pool recovered
+    assert again.rewards_B.tolist() == [6.0, 6.0]
+
+
+def test_raise_wrong_count_and_dead_worker(pool: Scorer, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = pool.score(*batch("bad", "ab", "wrong", "cd", "die", "x"))
+    assert "reward 'die' failed on samples 4:6 (worker process died (exit code 3))" in caplog.text
+    # len [3, 2, 5, 2, 3, 1]; raise fails 0:2; wrong fails 2:4; die fails 4:6
+    assert result.rewards_B.tolist() == [6.0, 5.0, 8.0, 5.0, 6.0, 4.0]
+    assert result.failures == {"len": 0, "raise": 2, "hang": 0, "wrong": 2, "die": 2}
+    assert pool.score(*batch("a")).rewards_B.tolist() == [5.0]
+
+
+def test_score_convenience_with_workers() -> None:
+    completions, examples = batch("a", "bad", "ccc")
+    fns = {"len": length_reward, "raise": raise_on_bad}
+    result = score(completions, examples, fns, {"len": 1.0, "raise": 10.0}, num_workers=2)
+    # chunk size ceil(3 / 2) = 2: raise fails on samples 0:2 only
+    assert result.rewards_B.tolist() == [1.0, 3.0, 13.0]
+    assert result.failures == {"len": 0, "raise": 2}
