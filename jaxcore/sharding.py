@@ -75,3 +75,12 @@ def put_global(array: np.ndarray | jax.Array, sharding: NamedSharding) -> jax.Ar
     """Place a host array that every process holds in full as a global sharded array."""
     array = np.asarray(array)
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def replicate_model(model: Any, mesh: Mesh) -> Any:
+    """Place every parameter of an NNX model on all devices of `mesh` (replicated), in place."""
+    from flax import nnx
+
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, replicated(mesh)))
+    return model

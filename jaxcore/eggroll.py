@@ -1,0 +1,276 @@
+"""EGGROLL: low-rank evolution strategies (arXiv:2511.16652), exactly as DESIGN.md states it.
+
+For a weight matrix W [I, O], member i and epoch e (rank r, scale sigma, antithetic pairs)::
+
+    AB = normal(fold_in(fold_in(key_W, e // noise_reuse), i // 2), (I + O, r));  A, B = AB[:I], AB[I:]
+    sign = +1 for even i, -1 for odd i
+    member i uses W + sign * (sigma / sqrt(r)) * A @ B.T           (never materialised)
+    g_W = (1/N) * sum_i f_i * sign_i * (sigma / sqrt(r)) * A_i @ B_i.T      (one einsum over pairs)
+
+and the optax optimiser receives -g. `key_W` comes from the run seed once per parameter: split
+per leaf kind (e.g. "attn.q.kernel"), then per layer. Norm scales and biases are frozen by
+default or get full-rank noise `sign * sigma * eps`; embeddings and the LM head are frozen by
+default. Every factor is regenerated from (seed, epoch, member) alone, on any device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcore.convert import flat_state
+from jaxcore.model import Transformer
+from jaxcore.population import MemberNoise, PopulationModel, variable_at
+
+Array = jax.Array
+SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
+_LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class EggrollConfig:
+    """Population and noise settings."""
+
+    population: int = 64            # N members, even (antithetic pairs)
+    rank: int = 1                   # r
+    sigma: float = 0.01
+    noise_reuse: int = 1            # epochs that share one draw of noise
+    seed: int = 0
+    include_embeddings: bool = False
+    include_lm_head: bool = False
+    non_matrix: str = "frozen"      # "frozen" | "full" (full-rank Gaussian noise on norms and biases)
+
+    def __post_init__(self) -> None:
+        if self.population < 2 or self.population % 2:
+            raise ValueError(f"population must be an even number >= 2, got {self.population}")
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.noise_reuse < 1:
+            raise ValueError(f"noise_reuse must be >= 1, got {self.noise_reuse}")
+        if self.non_matrix not in ("frozen", "full"):
+            raise ValueError(f"non_matrix must be 'frozen' or 'full', got {self.non_matrix!r}")
+        if not self.sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseTarget:
+    """One perturbed parameter: its path, shape, and whether its noise is low-rank."""
+
+    path: str
+    shape: tuple[int, ...]
+    low_rank: bool
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class NoisePlan:
+    """Which parameters are perturbed and their per-parameter keys (derived once from the seed)."""
+
+    keys: dict[str, Array]
+    targets: tuple[NoiseTarget, ...] = dataclasses.field(metadata=dict(static=True))
+    config: EggrollConfig = dataclasses.field(metadata=dict(static=True))
+
+
+def _is_embedding(path: str) -> bool:
+    return path in ("embed.table", "pos_embed.table")
+
+
+def select_targets(shapes: dict[str, tuple[int, ...]], cfg: EggrollConfig) -> tuple[NoiseTarget, ...]:
+    """The perturbed parameters of a model with these parameter shapes, in sorted path order."""
+    targets = []
+    for path in sorted(shapes):
+        shape = shapes[path]
+        if _is_embedding(path) and not cfg.include_embeddings:
+            continue
+        if path == "lm_head.kernel" and not cfg.include_lm_head:
+            continue
+        if len(shape) == 2:
+            targets.append(NoiseTarget(path, shape, True))
+        elif cfg.non_matrix == "full":
+            targets.append(NoiseTarget(path, shape, False))
+    return tuple(targets)
+
+
+def _kind_and_layer(path: str) -> tuple[str, int]:
+    match = _LAYER.match(path)
+    return (match.group(2), int(match.group(1))) if match else (path, 0)
+
+
+def parameter_keys(paths: list[str], seed: int) -> dict[str, Array]:
+    """key_W for every path: the seed's key split per leaf kind, then per layer."""
+    kinds: dict[str, int] = {}
+    for path in paths:
+        kind, layer = _kind_and_layer(path)
+        kinds[kind] = max(kinds.get(kind, 0), layer + 1)
+    kind_keys = dict(zip(sorted(kinds), jax.random.split(jax.random.key(seed), len(kinds))))
+    layer_keys = {kind: jax.random.split(kind_keys[kind], count) for kind, count in kinds.items()}
+    return {path: layer_keys[kind][layer] for path in paths for kind, layer in [_kind_and_layer(path)]}
+
+
+def make_plan(model: Transformer, cfg: EggrollConfig) -> NoisePlan:
+    """The noise plan for `model` (keys for every parameter kind/layer, so options never shift them)."""
+    shapes = {path: tuple(value.shape) for path, value in flat_state(model).items()}
+    keys = parameter_keys(sorted(shapes), cfg.seed)
+    targets = select_targets(shapes, cfg)
+    return NoisePlan({t.path: keys[t.path] for t in targets}, targets, cfg)
+
+
+def _pair_key(key_W: Array, epoch: Array, pair: Array, noise_reuse: int) -> Array:
+    return jax.random.fold_in(jax.random.fold_in(key_W, epoch // noise_reuse), pair)
+
+
+def pair_factors(plan: NoisePlan, epoch: Array, pairs: Array) -> dict[str, Array]:
+    """Unscaled noise for the given antithetic pairs: low-rank AB [P, I+O, r], dense eps [P, ...]."""
+    cfg = plan.config
+    out = {}
+    for target in plan.targets:
+        shape = (sum(target.shape), cfg.rank) if target.low_rank else target.shape
+        draw = (lambda p, key=plan.keys[target.path], shape=shape:
+                jax.random.normal(_pair_key(key, epoch, p, cfg.noise_reuse), shape, jnp.float32))
+        out[target.path] = jax.vmap(draw)(pairs)
+    return out
+
+
+def member_signs(members: Array) -> Array:
+    """+1 for even members, -1 for odd (antithetic pairs share noise)."""
+    return 1.0 - 2.0 * (members % 2).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("out_sharding",))
+def member_noise(plan: NoisePlan, epoch: Array, out_sharding: Any = None) -> MemberNoise:
+    """Every member's perturbation for `epoch` (generated once per epoch, not per decode step)."""
+    cfg = plan.config
+    members = jnp.arange(cfg.population)
+    raw = pair_factors(plan, epoch, members // 2)
+    signs_N = member_signs(members)
+    low_rank, dense = {}, {}
+    for target in plan.targets:
+        if target.low_rank:
+            ab_NKR = raw[target.path]
+            a_NIR, b_NOR = ab_NKR[:, :target.shape[0]], ab_NKR[:, target.shape[0]:]
+            scale_N = signs_N * (cfg.sigma / math.sqrt(cfg.rank))
+            low_rank[target.path] = (a_NIR, b_NOR * scale_N[:, None, None])
+        else:
+            eps = raw[target.path]
+            dense[target.path] = eps * (signs_N * cfg.sigma).reshape(-1, *([1] * (eps.ndim - 1)))
+    noise = MemberNoise(low_rank, dense)
+    if out_sharding is not None:
+        noise = jax.lax.with_sharding_constraint(noise, out_sharding)
+    return noise
+
+
+def population(model: Transformer, plan: NoisePlan, epoch: int | Array, out_sharding: Any = None) -> PopulationModel:
+    """The population for `epoch` as a model: rows grouped by member, N = plan.config.population."""
+    return PopulationModel(model, member_noise(plan, jnp.asarray(epoch, jnp.int32), out_sharding=out_sharding))
+
+
+# ----------------------------------------------------------------------------- fitness shaping
+
+
+def centered_ranks(x_N: Array) -> Array:
+    """Ranks mapped linearly to [-0.5, 0.5]; tied values share their average rank."""
+    n = x_N.shape[0]
+    below = (x_N[None, :] < x_N[:, None]).sum(1)
+    equal = (x_N[None, :] == x_N[:, None]).sum(1)
+    rank = below + (equal - 1) / 2.0
+    return rank / max(n - 1, 1) - 0.5
+
+
+def shape_fitness(fitness_N: Any, mode: str = "zscore", group_size: int | None = None) -> Array:
+    """Fitness shaping.
+
+    zscore: (f - mean) / sqrt(var + 1e-5); group_zscore: subtract each group's mean (groups of
+    `group_size` consecutive entries), divide by the global std; centered_rank: ranks in
+    [-0.5, 0.5]; none: unchanged.
+    """
+    f = jnp.asarray(fitness_N, jnp.float32)
+    if mode == "zscore":
+        return (f - f.mean()) / jnp.sqrt(f.var() + 1e-5)
+    if mode == "group_zscore":
+        if not group_size or f.shape[0] % group_size:
+            raise ValueError(f"group_zscore needs a group_size dividing {f.shape[0]}, got {group_size}")
+        grouped = f.reshape(-1, group_size)
+        centred = (grouped - grouped.mean(1, keepdims=True)).reshape(-1)
+        return centred / jnp.sqrt(f.var() + 1e-5)
+    if mode == "centered_rank":
+        return centered_ranks(f)
+    if mode == "none":
+        return f
+    raise ValueError(f"unknown fitness shaping {mode!r}; choose from {', '.join(SHAPING_MODES)}")
+
+
+# ----------------------------------------------------------------------------- the update
+
+
+@jax.jit
+def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array) -> dict[str, Array]:
+    """g for every perturbed parameter from regenerated factors: one einsum over the pairs."""
+    cfg = plan.config
+    n = cfg.population
+    pairs = jnp.arange(n // 2)
+    raw = pair_factors(plan, jnp.asarray(epoch, jnp.int32), pairs)
+    diff_P = fitness_N[0::2] - fitness_N[1::2]              # f_{2p} * (+1) + f_{2p+1} * (-1)
+    grads = {}
+    for target in plan.targets:
+        if target.low_rank:
+            coeff_P = diff_P * (cfg.sigma / math.sqrt(cfg.rank)) / n
+            ab_PKR = raw[target.path]
+            a_PIR, b_POR = ab_PKR[:, :target.shape[0]], ab_PKR[:, target.shape[0]:]
+            grads[target.path] = jnp.einsum("p,pir,por->io", coeff_P, a_PIR, b_POR)
+        else:
+            grads[target.path] = jnp.tensordot(diff_P * cfg.sigma / n, raw[target.path], axes=1)
+    return grads
+
+
+def make_optimizer(name: str = "sgd", learning_rate: float | optax.Schedule = 1e-3, *,
+                   weight_decay: float = 0.0, momentum: float | None = None,
+                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+    """SGD (default), Adam or AdamW, by name; `learning_rate` may be an optax schedule."""
+    if name == "sgd":
+        opt = optax.sgd(learning_rate, momentum=momentum)
+        return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
+    if name == "adam":
+        return optax.adam(learning_rate, b1=b1, b2=b2)
+    if name == "adamw":
+        return optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose sgd, adam or adamw")
+
+
+def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:
+    """The parameters ES updates (the optimizer state covers only these)."""
+    flat = flat_state(model)
+    return {t.path: flat[t.path] for t in plan.targets}
+
+
+@functools.partial(jax.jit, static_argnames=("optimizer",), donate_argnames=("params", "opt_state"))
+def apply_update(params: dict[str, Array], opt_state: Any, grads: dict[str, Array],
+                 optimizer: optax.GradientTransformation) -> tuple[dict[str, Array], Any]:
+    """params <- params + optimizer(-g): ES ascends the fitness."""
+    negated = jax.tree.map(jnp.negative, grads)
+    updates, opt_state = optimizer.update(negated, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def write_params(model: Transformer, params: dict[str, Array]) -> None:
+    """Store updated parameters back into the model's variables."""
+    for path, value in params.items():
+        variable_at(model, path).set_value(value)
+
+
+def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransformation, opt_state: Any,
+            epoch: int, fitness_N: Any, shaping: str = "zscore", group_size: int | None = None
+            ) -> tuple[Any, dict[str, float]]:
+    """Shape the (gathered) fitness, estimate g from regenerated factors, and update `model` in place."""
+    shaped_N = shape_fitness(fitness_N, shaping, group_size)
+    grads = estimate_gradient(plan, jnp.asarray(epoch, jnp.int32), shaped_N)
+    params, opt_state = apply_update(perturbed_params(model, plan), opt_state, grads, optimizer)
+    write_params(model, params)
+    return opt_state, {"grad_norm": float(optax.tree.norm(grads))}

@@ -1,0 +1,151 @@
+"""EGGROLL units: noise from keys, antithetic pairs, shaping, the gradient estimate, one big matmul, sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcore
+from jaxcore import eggroll, sharding
+from jaxcore.convert import flat_state
+from jaxcore.generate import _decode, generate
+
+
+@pytest.fixture
+def llama(tiny_dir):
+    return jaxcore.load_hf(tiny_dir("llama"))
+
+
+def noise_of(model, epoch, **options):
+    cfg = eggroll.EggrollConfig(**{"population": 6, "rank": 2, "sigma": 0.1, "seed": 3, **options})
+    plan = eggroll.make_plan(model, cfg)
+    return plan, jax.tree.map(np.asarray, eggroll.member_noise(plan, jnp.int32(epoch)))
+
+
+def test_antithetic_pairs_share_noise_with_opposite_signs(llama):
+    _, noise = noise_of(llama, epoch=0, non_matrix="full")
+    a, b = noise.low_rank["blocks.1.mlp.up.kernel"]
+    np.testing.assert_array_equal(a[0], a[1])
+    np.testing.assert_array_equal(b[0], -b[1])
+    assert not np.allclose(a[0], a[2])
+    dense = noise.dense["blocks.0.attn_norm.scale"]
+    np.testing.assert_array_equal(dense[4], -dense[5])
+
+
+def test_factors_follow_the_design_formula(llama):
+    plan, noise = noise_of(llama, epoch=7, noise_reuse=2)
+    path = "blocks.0.attn.q.kernel"
+    rows, cols = llama.config.hidden_size, llama.config.num_heads * llama.config.head_dim
+    key = eggroll.parameter_keys(sorted(flat_state(llama)), seed=3)[path]
+    for member in (2, 3):
+        ab = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, 7 // 2), member // 2), (rows + cols, 2))
+        sign = 1 if member % 2 == 0 else -1
+        np.testing.assert_allclose(noise.low_rank[path][0][member], ab[:rows], rtol=1e-6)
+        np.testing.assert_allclose(noise.low_rank[path][1][member], sign * 0.1 / np.sqrt(2) * ab[rows:], rtol=1e-6)
+
+
+def test_noise_reuse_and_options_do_not_shift_keys(llama):
+    _, e0 = noise_of(llama, epoch=0, noise_reuse=2)
+    _, e1 = noise_of(llama, epoch=1, noise_reuse=2)
+    _, e2 = noise_of(llama, epoch=2, noise_reuse=2)
+    path = "blocks.0.mlp.down.kernel"
+    np.testing.assert_array_equal(e0.low_rank[path][0], e1.low_rank[path][0])
+    assert not np.allclose(e0.low_rank[path][0], e2.low_rank[path][0])
+    _, with_head = noise_of(llama, epoch=0, noise_reuse=2, include_lm_head=True, non_matrix="full")
+    np.testing.assert_array_equal(e0.low_rank[path][0], with_head.low_rank[path][0])
+    assert "lm_head.kernel" in with_head.low_rank and "lm_head.kernel" not in e0.low_rank
+    assert "embed.table" not in with_head.low_rank
+
+
+def test_shape_fitness_hand_worked():
+    f = np.array([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(eggroll.shape_fitness(f, "zscore"), (f - 2.5) / np.sqrt(1.25 + 1e-5), rtol=1e-6)
+    grouped = eggroll.shape_fitness(f, "group_zscore", group_size=2)
+    np.testing.assert_allclose(grouped, np.array([-0.5, 0.5, -0.5, 0.5]) / np.sqrt(1.25 + 1e-5), rtol=1e-6)
+    ranks = eggroll.shape_fitness(np.array([5.0, 1.0, 5.0, 3.0, 0.0]), "centered_rank")
+    np.testing.assert_allclose(ranks, [0.375, -0.25, 0.375, 0.0, -0.5])
+    with pytest.raises(ValueError, match="group_size"):
+        eggroll.shape_fitness(f, "group_zscore", group_size=3)
+    with pytest.raises(ValueError, match="unknown fitness shaping"):
+        eggroll.shape_fitness(f, "softmax")
+
+
+def test_gradient_equals_explicit_sum_over_members(llama):
+    plan, noise = noise_of(llama, epoch=4, non_matrix="full")
+    fitness = np.array([0.5, -1.0, 2.0, 0.0, 1.5, -0.25], np.float32)
+    grads = eggroll.estimate_gradient(plan, jnp.int32(4), jnp.asarray(fitness))
+    a, b = noise.low_rank["blocks.1.attn.v.kernel"]          # b carries sign * sigma / sqrt(r)
+    explicit = sum(fitness[i] * a[i] @ b[i].T for i in range(6)) / 6
+    np.testing.assert_allclose(grads["blocks.1.attn.v.kernel"], explicit, atol=1e-6)
+    dense = noise.dense["final_norm.scale"]                  # sign * sigma * eps
+    np.testing.assert_allclose(grads["final_norm.scale"], (fitness[:, None] * dense).sum(0) / 6, atol=1e-6)
+
+
+def test_base_matmul_is_one_gemm_over_the_population(llama):
+    plan, _ = noise_of(llama, epoch=0)
+    pop = eggroll.population(llama, plan, 0)
+    ids = jnp.ones((12, 5), jnp.int32)                         # 6 members x 2 rows
+    jaxpr = jax.make_jaxpr(lambda x: pop(x))(ids)
+    kernel_shape = tuple(llama.blocks[0].mlp.up.kernel.get_value().shape)
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    base = [e for e in dots if tuple(e.invars[1].aval.shape) == kernel_shape]
+    assert base, "x @ W not found"
+    for eqn in base:
+        assert eqn.params["dimension_numbers"][1] == ((), ())     # no batch dimension: one GEMM
+        assert eqn.invars[0].aval.shape[:2] == (6, 2)             # over every member's rows
+
+
+def test_decode_loop_generates_no_noise(llama):
+    """Factors are made once per epoch: the decode loop only reads them."""
+    plan, _ = noise_of(llama, epoch=0)
+    pop = eggroll.population(llama, plan, 0)
+    from flax import nnx
+
+    from jaxcore.model import KVCache
+    from jaxcore.sampling import SamplingConfig
+
+    graphdef, state = nnx.split(pop)
+    cache = KVCache.create(llama.config, 6, 24, jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda s, c: _decode.__wrapped__(
+        graphdef, s, c, jnp.zeros((6, llama.config.vocab_size)), jnp.ones(6, jnp.int32), jnp.int32(16),
+        jax.random.key(0), max_new_tokens=4, sampling=SamplingConfig(temperature=0.0), eos_ids=(), pad_id=0))(
+        state, cache)
+    assert "random_bits" not in str(jaxpr) and "threefry" not in str(jaxpr)
+
+
+def train_two_epochs(path, devices):
+    model = jaxcore.load_hf(path)
+    mesh = sharding.make_mesh({"pop": -1}, devices)
+    sharding.replicate_model(model, mesh)
+    rows = sharding.leading_axis(mesh, "pop")
+    cfg = eggroll.EggrollConfig(population=16, rank=1, sigma=0.05, seed=1)
+    plan = eggroll.make_plan(model, cfg)
+    optimizer = eggroll.make_optimizer("sgd", 0.5)
+    opt_state = optimizer.init(eggroll.perturbed_params(model, plan))
+    rng = np.random.default_rng(0)
+    ids = np.repeat(rng.integers(3, 200, (2, 6)), 16, axis=0)      # 16 members x 2 prompts
+    mask = np.ones_like(ids)
+    for epoch in range(2):
+        pop = eggroll.population(model, plan, epoch, out_sharding=rows)
+        result = generate(pop, ids, mask, max_new_tokens=6, temperature=0.0, row_sharding=rows)
+        fitness = np.asarray(result.logprobs).reshape(16, -1).mean(1)   # gathered: N floats
+        opt_state, _ = eggroll.es_step(model, plan, optimizer, opt_state, epoch, fitness)
+    return {k: np.asarray(v) for k, v in flat_state(model).items()}
+
+
+def test_one_and_eight_devices_give_the_same_parameters(tiny_dir):
+    assert jax.device_count() == 8
+    path = tiny_dir("qwen3")
+    one = train_two_epochs(path, jax.devices()[:1])
+    eight = train_two_epochs(path, jax.devices())
+    start = {k: np.asarray(v) for k, v in flat_state(jaxcore.load_hf(path)).items()}
+    assert any(not np.array_equal(one[k], start[k]) for k in one)
+    for key in one:
+        np.testing.assert_allclose(one[key], eight[key], atol=1e-6, rtol=0, err_msg=key)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="even"):
+        eggroll.EggrollConfig(population=5)
+    with pytest.raises(ValueError, match="non_matrix"):
+        eggroll.EggrollConfig(non_matrix="lowrank")
