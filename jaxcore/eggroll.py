@@ -27,7 +27,7 @@ import optax
 
 from jaxcore.convert import flat_state
 from jaxcore.model import Transformer
-from jaxcore.population import MemberNoise, PopulationModel, variable_at
+from jaxcore.population import MemberNoise, perturbed_model, variable_at
 
 Array = jax.Array
 SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
@@ -139,37 +139,32 @@ def pair_factors(plan: NoisePlan, epoch: Array, pairs: Array) -> dict[str, Array
     return out
 
 
-def member_signs(members: Array) -> Array:
-    """+1 for even members, -1 for odd (antithetic pairs share noise)."""
-    return 1.0 - 2.0 * (members % 2).astype(jnp.float32)
+@functools.partial(jax.jit, static_argnames=("out_sharding", "dtype"))
+def member_noise(plan: NoisePlan, epoch: Array, out_sharding: Any = None, dtype: Any = jnp.float32) -> MemberNoise:
+    """The population's perturbations for `epoch`, one set per antithetic pair (made once per epoch).
 
-
-@functools.partial(jax.jit, static_argnames=("out_sharding",))
-def member_noise(plan: NoisePlan, epoch: Array, out_sharding: Any = None) -> MemberNoise:
-    """Every member's perturbation for `epoch` (generated once per epoch, not per decode step)."""
+    `dtype` is the compute dtype the factors are stored in (bf16 halves their memory on GPU).
+    """
     cfg = plan.config
-    members = jnp.arange(cfg.population)
-    raw = pair_factors(plan, epoch, members // 2)
-    signs_N = member_signs(members)
+    raw = pair_factors(plan, epoch, jnp.arange(cfg.population // 2))
     low_rank, dense = {}, {}
     for target in plan.targets:
         if target.low_rank:
-            ab_NKR = raw[target.path]
-            a_NIR, b_NOR = ab_NKR[:, :target.shape[0]], ab_NKR[:, target.shape[0]:]
-            scale_N = signs_N * (cfg.sigma / math.sqrt(cfg.rank))
-            low_rank[target.path] = (a_NIR, b_NOR * scale_N[:, None, None])
+            ab_PKR = raw[target.path]
+            a_PIR, b_POR = ab_PKR[:, :target.shape[0]], ab_PKR[:, target.shape[0]:]
+            low_rank[target.path] = (a_PIR, b_POR * (cfg.sigma / math.sqrt(cfg.rank)))
         else:
-            eps = raw[target.path]
-            dense[target.path] = eps * (signs_N * cfg.sigma).reshape(-1, *([1] * (eps.ndim - 1)))
-    noise = MemberNoise(low_rank, dense)
+            dense[target.path] = raw[target.path] * cfg.sigma
+    noise = jax.tree.map(lambda x: x.astype(dtype), MemberNoise(low_rank, dense))
     if out_sharding is not None:
         noise = jax.lax.with_sharding_constraint(noise, out_sharding)
     return noise
 
 
-def population(model: Transformer, plan: NoisePlan, epoch: int | Array, out_sharding: Any = None) -> PopulationModel:
-    """The population for `epoch` as a model: rows grouped by member, N = plan.config.population."""
-    return PopulationModel(model, member_noise(plan, jnp.asarray(epoch, jnp.int32), out_sharding=out_sharding))
+def population(model: Transformer, plan: NoisePlan, epoch: int | Array, out_sharding: Any = None) -> Transformer:
+    """The population for `epoch` as a model whose rows are grouped by member (N = plan.config.population)."""
+    noise = member_noise(plan, jnp.asarray(epoch, jnp.int32), out_sharding=out_sharding, dtype=model.dtype)
+    return perturbed_model(model, noise)
 
 
 # ----------------------------------------------------------------------------- fitness shaping

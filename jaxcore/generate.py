@@ -4,8 +4,8 @@ Left-padded prompts are padded further to a length bucket (so new prompt lengths
 recompile), run through one jitted prefill, then a jitted `lax.while_loop` decode that owns the
 donated cache and stops as soon as every row has finished.
 
-Works for any NNX module with `.config` and `forward_cached(...)`: the plain `Transformer`, and
-the EGGROLL population (`jaxcore.eggroll.PopulationModel`), whose rows are grouped by member.
+Works for the plain `Transformer` and for an EGGROLL population (`jaxcore.eggroll.population`),
+which is the same model with stand-in weights and rows grouped by member.
 """
 
 from __future__ import annotations

@@ -24,12 +24,13 @@ def noise_of(model, epoch, **options):
 
 def test_antithetic_pairs_share_noise_with_opposite_signs(llama):
     _, noise = noise_of(llama, epoch=0, non_matrix="full")
-    a, b = noise.low_rank["blocks.1.mlp.up.kernel"]
-    np.testing.assert_array_equal(a[0], a[1])
-    np.testing.assert_array_equal(b[0], -b[1])
-    assert not np.allclose(a[0], a[2])
-    dense = noise.dense["blocks.0.attn_norm.scale"]
-    np.testing.assert_array_equal(dense[4], -dense[5])
+    members = [noise.of_member(i) for i in range(6)]
+    path = "blocks.1.mlp.up.kernel"
+    np.testing.assert_array_equal(members[0][0][path][0], members[1][0][path][0])
+    np.testing.assert_array_equal(members[0][0][path][1], -members[1][0][path][1])
+    assert not np.allclose(members[0][0][path][0], members[2][0][path][0])
+    norm = "blocks.0.attn_norm.scale"
+    np.testing.assert_array_equal(members[4][1][norm], -members[5][1][norm])
 
 
 def test_factors_follow_the_design_formula(llama):
@@ -40,8 +41,9 @@ def test_factors_follow_the_design_formula(llama):
     for member in (2, 3):
         ab = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, 7 // 2), member // 2), (rows + cols, 2))
         sign = 1 if member % 2 == 0 else -1
-        np.testing.assert_allclose(noise.low_rank[path][0][member], ab[:rows], rtol=1e-6)
-        np.testing.assert_allclose(noise.low_rank[path][1][member], sign * 0.1 / np.sqrt(2) * ab[rows:], rtol=1e-6)
+        a, b = noise.of_member(member)[0][path]
+        np.testing.assert_allclose(a, ab[:rows], rtol=1e-6)
+        np.testing.assert_allclose(b, sign * 0.1 / np.sqrt(2) * ab[rows:], rtol=1e-6)
 
 
 def test_noise_reuse_and_options_do_not_shift_keys(llama):
@@ -51,6 +53,7 @@ def test_noise_reuse_and_options_do_not_shift_keys(llama):
     path = "blocks.0.mlp.down.kernel"
     np.testing.assert_array_equal(e0.low_rank[path][0], e1.low_rank[path][0])
     assert not np.allclose(e0.low_rank[path][0], e2.low_rank[path][0])
+    assert e0.low_rank[path][0].shape[0] == 3          # one factor set per antithetic pair
     _, with_head = noise_of(llama, epoch=0, noise_reuse=2, include_lm_head=True, non_matrix="full")
     np.testing.assert_array_equal(e0.low_rank[path][0], with_head.low_rank[path][0])
     assert "lm_head.kernel" in with_head.low_rank and "lm_head.kernel" not in e0.low_rank
@@ -74,11 +77,12 @@ def test_gradient_equals_explicit_sum_over_members(llama):
     plan, noise = noise_of(llama, epoch=4, non_matrix="full")
     fitness = np.array([0.5, -1.0, 2.0, 0.0, 1.5, -0.25], np.float32)
     grads = eggroll.estimate_gradient(plan, jnp.int32(4), jnp.asarray(fitness))
-    a, b = noise.low_rank["blocks.1.attn.v.kernel"]          # b carries sign * sigma / sqrt(r)
-    explicit = sum(fitness[i] * a[i] @ b[i].T for i in range(6)) / 6
-    np.testing.assert_allclose(grads["blocks.1.attn.v.kernel"], explicit, atol=1e-6)
-    dense = noise.dense["final_norm.scale"]                  # sign * sigma * eps
-    np.testing.assert_allclose(grads["final_norm.scale"], (fitness[:, None] * dense).sum(0) / 6, atol=1e-6)
+    members = [noise.of_member(i) for i in range(6)]         # b carries sign * sigma / sqrt(r)
+    path = "blocks.1.attn.v.kernel"
+    explicit = sum(fitness[i] * members[i][0][path][0] @ members[i][0][path][1].T for i in range(6)) / 6
+    np.testing.assert_allclose(grads[path], explicit, atol=1e-6)
+    explicit = sum(fitness[i] * members[i][1]["final_norm.scale"] for i in range(6)) / 6   # sign * sigma * eps
+    np.testing.assert_allclose(grads["final_norm.scale"], explicit, atol=1e-6)
 
 
 def test_base_matmul_is_one_gemm_over_the_population(llama):
@@ -92,13 +96,21 @@ def test_base_matmul_is_one_gemm_over_the_population(llama):
     assert base, "x @ W not found"
     for eqn in base:
         assert eqn.params["dimension_numbers"][1] == ((), ())     # no batch dimension: one GEMM
-        assert eqn.invars[0].aval.shape[:2] == (6, 2)             # over every member's rows
+        assert eqn.invars[0].aval.shape[:2] == (12, 5)            # over every member's rows
+    assert not any(e.primitive.name == "while" for e in jaxpr.jaxpr.eqns)
 
 
-def test_decode_loop_generates_no_noise(llama):
-    """Factors are made once per epoch: the decode loop only reads them."""
+def test_population_decode_has_plain_inference_memory_and_no_noise_generation(llama):
+    """Factors are made once per epoch (the decode loop only reads them), and no cache is copied."""
+    from jaxcore.bench.es import generate_bytes
+
     plan, _ = noise_of(llama, epoch=0)
     pop = eggroll.population(llama, plan, 0)
+    ids = np.ones((6, 8), np.int32)
+    plain, population = generate_bytes(llama, ids, 16), generate_bytes(pop, ids, 16)
+    noise = sum(x.nbytes for x in jax.tree.leaves(eggroll.member_noise(plan, jnp.int32(0))))
+    # The decode loop updates the cache in place: no copy of it, only the factors on top.
+    assert population["decode"] - plain["decode"] < noise + plain["cache"] // 2
     from flax import nnx
 
     from jaxcore.model import KVCache

@@ -1,8 +1,8 @@
 """The EGGROLL perturbed forward and update on the HF torch model, for parity with jaxcore.
 
 Factors come from jaxcore as arrays (so this module needs no JAX random numbers): per jaxcore
-parameter path, `a_NIR` and `b_NOR` with sign and sigma/sqrt(r) folded into b, exactly as
-`jaxcore.eggroll.member_noise` returns them. Member i's forward adds `(x @ a_i) @ b_i.T` to the
+parameter path, member i's `a_IR` and `b_OR` with sign and sigma/sqrt(r) folded into b
+(`jaxcore.population.MemberNoise.of_member`). Member i's forward adds `(x @ a_i) @ b_i.T` to the
 output of the HF module that owns the matrix (forward hooks on `nn.Linear` and GPT-2's `Conv1D`;
 GPT-2's fused `c_attn` receives its q, k and v terms side by side).
 """
@@ -93,13 +93,6 @@ def _vector_delta(cfg: ModelConfig, path: str, delta: Any, target: torch.Tensor)
             full[..., slot * width:(slot + 1) * width] = delta_t
             return full
     return delta_t
-
-
-def member_noise_slice(low_rank: dict[str, tuple[Any, Any]], dense: dict[str, Any], member: int
-                       ) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any]]:
-    """One member's factors from population-stacked arrays."""
-    return ({p: (a[member], b[member]) for p, (a, b) in low_rank.items()},
-            {p: d[member] for p, d in dense.items()})
 
 
 def shape_fitness(fitness_N: torch.Tensor, mode: str = "zscore", group_size: int | None = None) -> torch.Tensor:

@@ -43,3 +43,40 @@ def best_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:
+    """The documented bench model (written once under options.workdir; `quick` uses the tiny preset)."""
+    from pathlib import Path
+
+    from jaxcore.tiny import write_tiny_checkpoint
+
+    preset = "tiny" if options.quick else options.preset
+    family = family or options.family
+    path = Path(options.workdir) / f"model-{family}-{preset}"
+    if not (path / "config.json").is_file():
+        write_tiny_checkpoint(path, family, preset=preset)
+    return path
+
+
+def model_summary(model: Any) -> dict[str, Any]:
+    """Shape of a jaxcore model, for the bench report."""
+    from jaxcore.convert import flat_state
+
+    cfg = model.config
+    params = sum(int(v.size) for v in flat_state(model).values())
+    return {"family": cfg.family, "params_m": round(params / 1e6, 2), "layers": cfg.num_layers,
+            "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "dtype": str(model.dtype)}
+
+
+def compiled_bytes(jitted: Any, *args: Any, **kwargs: Any) -> int:
+    """Peak device memory XLA plans for one call: arguments + outputs + temporaries - aliased."""
+    stats = jitted.lower(*args, **kwargs).compile().memory_analysis()
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
+def torch_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,111 @@
+"""EGGROLL throughput and memory against references measured in the same run.
+
+es.eggroll_over_inference: tokens/s of population generation (one sequence per member) over plain
+    batched generation of the same number of sequences with the unperturbed model.
+es.eggroll_over_naive: naive full-rank ES, which materialises W + sigma * E for each member and
+    generates member after member (as torch code that clones and restores weights does), over
+    EGGROLL. The naive time is measured on `naive_members` members and scaled to the population.
+es.memory_over_inference: peak memory XLA plans for the population's prefill and decode over plain
+    inference at the same batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import numpy as np
+
+from jaxcore.bench import BenchOptions, bench_checkpoint, best_time, compiled_bytes, model_summary
+
+
+def shapes(options: BenchOptions) -> dict[str, int]:
+    if options.quick:
+        return {"population": 16, "prompt_len": 8, "new_tokens": 16, "naive_members": 2, "rank": 1}
+    return {"population": 256, "prompt_len": 16, "new_tokens": 64, "naive_members": 4, "rank": 1}
+
+
+def generate_bytes(model: Any, ids: np.ndarray, new_tokens: int) -> dict[str, int]:
+    """Bytes XLA plans for generate()'s prefill and decode programs with this model and batch."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxcore.generate import _decode, _prefill, bucket_length
+    from jaxcore.sampling import SamplingConfig
+
+    graphdef, state = nnx.split(model)
+    length = bucket_length(ids.shape[1])
+    ids_j = jnp.zeros((ids.shape[0], length), jnp.int32)
+    prefill = compiled_bytes(_prefill, graphdef, state, ids_j, ids_j, cache_length=length + new_tokens)
+    logits, cache = jax.eval_shape(functools.partial(_prefill, graphdef, cache_length=length + new_tokens),
+                                   state, ids_j, ids_j)
+    decode = compiled_bytes(_decode, graphdef, state, cache, logits, jnp.zeros(ids.shape[0], jnp.int32),
+                            jnp.int32(length), jax.random.key(0), max_new_tokens=new_tokens,
+                            sampling=SamplingConfig(temperature=0.0), eos_ids=(), pad_id=0)
+    cache_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache))
+    return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "cache": cache_bytes}
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    import jaxcore
+    from jaxcore import eggroll
+    from jaxcore.convert import flat_state
+    from jaxcore.generate import generate
+    from jaxcore.population import variable_at
+
+    s = shapes(options)
+    model = jaxcore.load_hf(bench_checkpoint(options), dtype=options.dtype)
+    n = s["population"]
+    ids = np.random.default_rng(0).integers(3, model.config.vocab_size, (n, s["prompt_len"])).astype(np.int32)
+    mask = np.ones_like(ids)
+    cfg = eggroll.EggrollConfig(population=n, rank=s["rank"], sigma=1e-3)
+    plan = eggroll.make_plan(model, cfg)
+    gen = functools.partial(generate, max_new_tokens=s["new_tokens"], temperature=0.0)
+
+    def population_generate():
+        pop = eggroll.population(model, plan, 0)      # factors made once per epoch, inside the timing
+        return jax.block_until_ready(gen(pop, ids, mask))
+
+    def plain_generate():
+        return jax.block_until_ready(gen(model, ids, mask))
+
+    pop_s = best_time(population_generate, repeats=2)
+    plain_s = best_time(plain_generate, repeats=2)
+
+    base = {t.path: variable_at(model, t.path).get_value() for t in plan.targets}
+
+    @jax.jit
+    def materialise(base: dict[str, jax.Array], key: jax.Array) -> dict[str, jax.Array]:
+        keys = jax.random.split(key, len(base))
+        return {p: w + cfg.sigma * jax.random.normal(k, w.shape, w.dtype) for (p, w), k in zip(base.items(), keys)}
+
+    def naive_member(i: int) -> None:
+        for path, value in materialise(base, jax.random.key(i)).items():
+            variable_at(model, path).set_value(value)
+        jax.block_until_ready(gen(model, ids[i:i + 1], mask[i:i + 1]))
+
+    naive_member(0)                                   # compile
+    start = time.perf_counter()
+    for i in range(s["naive_members"]):
+        naive_member(i)
+    naive_s = (time.perf_counter() - start) / s["naive_members"] * n
+    for path, value in base.items():
+        variable_at(model, path).set_value(value)
+
+    pop_bytes = generate_bytes(eggroll.population(model, plan, 0), ids, s["new_tokens"])
+    plain_bytes = generate_bytes(model, ids, s["new_tokens"])
+    noise_bytes = sum(x.nbytes for x in jax.tree.leaves(eggroll.member_noise(plan, jnp.int32(0))))
+    params = sum(int(v.size) for v in flat_state(model).values())
+    return {"es.eggroll_over_inference": round(plain_s / pop_s, 3),
+            "es.eggroll_over_naive": round(naive_s / pop_s, 1),
+            "es.memory_over_inference": round(pop_bytes["peak"] / plain_bytes["peak"], 3),
+            "es.population_tokens_per_s": round(n * s["new_tokens"] / pop_s, 1),
+            "es.inference_tokens_per_s": round(n * s["new_tokens"] / plain_s, 1),
+            "es.naive_seconds_per_member": round(naive_s / n, 3),
+            "es.population_bytes": pop_bytes, "es.inference_bytes": plain_bytes, "es.noise_bytes": noise_bytes,
+            "es.shape": {**s, **model_summary(model), "params": params}}

@@ -1,0 +1,141 @@
+"""GRPO benchmark: one optimisation step (forward, backward, AdamW) in torch+HF vs jaxcore's jit'd step.
+
+`run(options)` -> {"grpo.jax_over_torch": torch_time / jax_time, ...}, both measured in this run on
+the same batch of completions. `bf16_vs_fp32(...)` trains the same batches in both compute dtypes and
+reports how far the bf16 curves drift from the fp32 ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxcore.bench import BenchOptions, best_time, device_info
+from jaxcore.grpo import compute_advantages
+from jaxcore.grpo_step import GRPOBatch, GRPOLearner, GRPOTrainConfig, build_batch
+
+PAD_ID, EOS_ID = 0, 2          # jaxcore.tiny's special tokens
+
+
+def synthetic_batch(vocab_size: int, batch_size: int, prompt_len: int, completion_len: int, *,
+                    group_size: int = 4, seed: int = 0) -> GRPOBatch:
+    """Random rollouts shaped like real ones: left-padded prompts and right-padded completions of
+    unequal lengths (odd rows end in EOS, even rows may run to the limit = truncated), group advantages."""
+    rng = np.random.default_rng(seed)
+    prompt_ids = np.full((batch_size, prompt_len), PAD_ID, np.int32)
+    prompt_mask = np.zeros((batch_size, prompt_len), np.int32)
+    completion_ids = np.full((batch_size, completion_len), PAD_ID, np.int32)
+    completion_mask = np.zeros((batch_size, completion_len), np.int32)
+    for row in range(batch_size):
+        n_prompt = int(rng.integers(max(1, prompt_len // 2), prompt_len + 1))
+        n_done = int(rng.integers(1, completion_len + 1)) if row % 2 else completion_len
+        prompt_ids[row, prompt_len - n_prompt:] = rng.integers(3, vocab_size, n_prompt)
+        prompt_mask[row, prompt_len - n_prompt:] = 1
+        completion_ids[row, :n_done] = rng.integers(3, vocab_size, n_done)
+        if row % 2:
+            completion_ids[row, n_done - 1] = EOS_ID
+        completion_mask[row, :n_done] = 1
+    rewards = rng.normal(size=batch_size).astype(np.float32)
+    advantages = np.asarray(compute_advantages(rewards, group_size, "group"))
+    return build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, (EOS_ID,))
+
+
+def _checkpoint(options: BenchOptions, preset: str) -> Path:
+    from jaxcore.tiny import write_tiny_checkpoint
+
+    path = Path(options.workdir) / f"grpo-{options.family}-{preset}"
+    if not (path / "config.json").is_file():
+        write_tiny_checkpoint(path, options.family, preset=preset)
+    return path
+
+
+def torch_step_time(path: Path, batch: GRPOBatch, cfg: GRPOTrainConfig, repeats: int) -> float:
+    """Best time of one torch step: HF forward, TRL-style loss, backward, clipping, AdamW."""
+    import torch
+
+    from torchref.grpo import batch_objective
+    from torchref.model import load_reference
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = load_reference(path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = batch_objective(model, batch, cfg)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+
+    return best_time(step, repeats=repeats)
+
+
+def jax_step_time(path: Path, batch: GRPOBatch, cfg: GRPOTrainConfig, dtype: str, repeats: int) -> float:
+    """Best time of one jit'd jaxcore step (compilation happens in the warmup call, not timed)."""
+    import jaxcore
+
+    learner = GRPOLearner(jaxcore.load_hf(path, dtype=dtype), cfg)
+    prepared = learner.prepare(batch)
+    return best_time(lambda: learner.step(prepared), repeats=repeats)
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    """`grpo.jax_over_torch`: torch step time / jaxcore step time on the same batch and shapes."""
+    preset = "tiny" if options.quick else options.preset
+    batch_size, prompt_len, completion_len = (4, 8, 24) if options.quick else (8, 32, 96)
+    repeats = 2 if options.quick else 5
+    path = _checkpoint(options, preset)
+    from jaxcore.convert import read_hf_config
+
+    vocab = read_hf_config(path)["vocab_size"]
+    batch = synthetic_batch(vocab, batch_size, prompt_len, completion_len)
+    cfg = GRPOTrainConfig(max_completion_length=completion_len)
+    jax_s = jax_step_time(path, batch, cfg, options.dtype, repeats)
+    torch_s = torch_step_time(path, batch, cfg, repeats)
+    return {"grpo.jax_over_torch": torch_s / jax_s, "grpo.jax_step_s": jax_s, "grpo.torch_step_s": torch_s,
+            "grpo.shape": f"{batch_size}x{prompt_len + completion_len}", "grpo.preset": preset,
+            "grpo.family": options.family, "grpo.dtype": options.dtype, **device_info()}
+
+
+def _train_curves(path: Path, dtype: str, batches: list[GRPOBatch], steps: int, cfg: GRPOTrainConfig
+                  ) -> tuple[list[float], list[float]]:
+    """Per-step loss and mean completion NLL (measured on each rollout before it is trained on)."""
+    import jaxcore
+
+    learner = GRPOLearner(jaxcore.load_hf(path, dtype=dtype), cfg)
+    losses, nlls = [], []
+    for step in range(steps):
+        batch = learner.prepare(batches[step % len(batches)])       # stores old log-probs (mu > 1)
+        mask = np.asarray(batch.completion_mask_BL, bool)
+        nlls.append(float(-np.asarray(batch.old_logp_BL)[mask].mean()))
+        losses.extend(learner.step(batch)["loss"] for _ in range(cfg.num_iterations))
+    return losses, nlls
+
+
+def bf16_vs_fp32(path: str | Path, *, steps: int = 8, batch_size: int = 8, prompt_len: int = 16,
+                 completion_len: int = 48, num_batches: int = 2, learning_rate: float = 1e-4) -> dict[str, Any]:
+    """Train the same rollouts with fp32 and bf16 compute (fp32 master weights) and compare the curves.
+
+    GRPO's loss at ratio 1 is a constant of the batch, so the run uses mu = 2 and beta = 0.04 to make the
+    loss depend on the weights. Reported deviations: `loss_max_dev`, max |loss_bf16 - loss_fp32| over the
+    curve divided by max |loss_fp32|; `nll_max_rel_dev`, the max per-step relative deviation of the
+    completions' mean negative log-likelihood (a positive, well-scaled curve).
+    """
+    from jaxcore.convert import read_hf_config
+
+    path = Path(path)
+    vocab = read_hf_config(path)["vocab_size"]
+    batches = [synthetic_batch(vocab, batch_size, prompt_len, completion_len, seed=i) for i in range(num_batches)]
+    cfg = GRPOTrainConfig(loss_type="dapo", beta=0.04, num_iterations=2, learning_rate=learning_rate,
+                          max_completion_length=completion_len)
+    loss32, nll32 = _train_curves(path, "float32", batches, steps, cfg)
+    loss16, nll16 = _train_curves(path, "bfloat16", batches, steps, cfg)
+    loss32_a, loss16_a, nll32_a, nll16_a = map(np.asarray, (loss32, loss16, nll32, nll16))
+    return {"loss_fp32": loss32, "loss_bf16": loss16, "nll_fp32": nll32, "nll_bf16": nll16,
+            "loss_max_dev": float(np.abs(loss16_a - loss32_a).max() / np.abs(loss32_a).max()),
+            "nll_max_rel_dev": float((np.abs(nll16_a - nll32_a) / np.abs(nll32_a)).max()),
+            "nll_drop_fp32": float(nll32_a[0] - nll32_a[-1])}
