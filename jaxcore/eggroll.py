@@ -262,10 +262,16 @@ def write_params(model: Transformer, params: dict[str, Array]) -> None:
 
 def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransformation, opt_state: Any,
             epoch: int, fitness_N: Any, shaping: str = "zscore", group_size: int | None = None
-            ) -> tuple[Any, dict[str, float]]:
-    """Shape the (gathered) fitness, estimate g from regenerated factors, and update `model` in place."""
+            ) -> tuple[Any, dict[str, Any]]:
+    """Shape the (gathered) fitness, estimate g from regenerated factors, and update `model` in place.
+
+    A non-finite update is not applied: the returned metrics say `skipped`.
+    """
     shaped_N = shape_fitness(fitness_N, shaping, group_size)
     grads = estimate_gradient(plan, jnp.asarray(epoch, jnp.int32), shaped_N)
+    grad_norm = float(optax.tree.norm(grads))
+    if not math.isfinite(grad_norm):
+        return opt_state, {"grad_norm": grad_norm, "skipped": True}
     params, opt_state = apply_update(perturbed_params(model, plan), opt_state, grads, optimizer)
     write_params(model, params)
-    return opt_state, {"grad_norm": float(optax.tree.norm(grads))}
+    return opt_state, {"grad_norm": grad_norm, "skipped": False}

@@ -62,6 +62,12 @@ def pad_left(ids_BT: np.ndarray, mask_BT: np.ndarray, length: int, pad_id: int) 
             np.pad(mask_BT, ((0, 0), (extra, 0)), constant_values=0))
 
 
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _cast_floating(state: nnx.State, dtype: Any) -> nnx.State:
+    """Master weights in the compute dtype, so the decode loop streams half the bytes in bf16."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "cache_length"))
 def _prefill(graphdef: nnx.GraphDef, state: nnx.State, ids_BT: Array, mask_BT: Array,
              cache_length: int) -> tuple[Array, KVCache]:
@@ -147,6 +153,8 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
     if row_sharding is not None:
         ids, mask = jax.device_put(ids, row_sharding), jax.device_put(mask, row_sharding)
     graphdef, state = nnx.split(model)
+    if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
+        state = _cast_floating(state, model.dtype)      # once per call, not in every decode step
     logits_BV, cache = _prefill(graphdef, state, ids, mask, cache_length=length + max_new_tokens)
     next_position_B = mask.sum(-1).astype(jnp.int32)
     result, _ = _decode(graphdef, state, cache, logits_BV, next_position_B, jnp.int32(length),

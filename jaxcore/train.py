@@ -1,0 +1,209 @@
+"""The shared training loop for ES and GRPO: data, rollouts, scoring, logging, checkpoints, signals.
+
+An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everything around it:
+
+- epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
+  the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
+- held-out evaluation every `eval_every` epochs (greedy, `eval_prompts` examples);
+- metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
+- orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
+- SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly;
+- a step whose fitness/loss/update is NaN/Inf is skipped and logged; after `max_bad_steps` in a
+  row the run stops with `TrainingError`, the last good checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from jaxcore.checkpoint import TrainCheckpointer
+from jaxcore.config import to_dict
+from jaxcore.generate import generate
+from jaxcore.metrics import MetricsLogger, plot_rewards
+from jaxcore.rewards import Example, Scorer, get_task
+from jaxcore.tokenization import decode_completions, encode_prompts
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (e.g. too many consecutive NaN steps)."""
+
+
+@dataclasses.dataclass
+class StepResult:
+    metrics: dict[str, Any]
+    skipped: bool = False          # NaN/Inf somewhere: nothing was applied
+    reason: str = ""
+
+
+class Algorithm(Protocol):
+    """What a trainer provides to the runner."""
+
+    model: Any
+
+    def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult: ...
+
+    def checkpoint_state(self) -> Any: ...
+
+    def restore_state(self, state: Any) -> None: ...
+
+
+class StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between epochs (handlers restored on exit)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is not None:          # a second signal: stop now
+            raise KeyboardInterrupt
+        self.received = signum
+        log.warning("received %s: finishing this epoch, then checkpointing", signal.Signals(signum).name)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of epoch `epoch`'s prompt sample (a pure function of the run seed and the epoch)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, *, max_new_tokens: int,
+             batch_size: int, chat_template: bool = False, system: str | None = None,
+             eos_token_ids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Greedy completions for held-out examples, scored: mean reward, per-function means, samples."""
+    texts: list[str] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], chat_template=chat_template, system=system)
+        result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
+                          eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id)
+        texts.extend(decode_completions(tokenizer, result.tokens, result.lengths))
+    scores = scorer.score(texts, examples)
+    out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
+    for name, values in scores.per_function.items():
+        out[f"eval/rewards/{name}/mean"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+    out["eval/samples"] = [{"prompt": e.prompt, "completion": t} for e, t in list(zip(examples, texts))[:3]]
+    return out
+
+
+class Runner:
+    """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
+
+    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, *, eos_token_ids: tuple[int, ...] = (),
+                 examples_per_epoch: int | None = None):
+        self.cfg = cfg
+        self.algorithm = algorithm
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.task = get_task(cfg.task.name, **cfg.task.options)
+        self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
+        self.out_dir = Path(cfg.train.out_dir)
+        self.is_main = jax.process_index() == 0
+        self.checkpointer = TrainCheckpointer(self.out_dir / "checkpoints", max_to_keep=cfg.train.max_to_keep)
+        self.eval_examples = self.task.examples("eval", cfg.train.eval_prompts, cfg.train.seed)
+
+    def _scorer(self) -> Scorer:
+        r = self.cfg.rewards
+        return Scorer(self.task.reward_fns, self.task.reward_weights, num_workers=r.num_workers,
+                      timeout_s=r.timeout_s, fallback=r.fallback)
+
+    def _save(self, epoch: int, *, wait: bool = False) -> None:
+        meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg)}
+        self.checkpointer.save(epoch, self.algorithm.checkpoint_state(), meta, wait=wait)
+
+    def _resume(self) -> int:
+        """Restore the latest checkpoint; returns the first epoch still to run."""
+        state, meta = self.checkpointer.restore(self.algorithm.checkpoint_state())
+        self.algorithm.restore_state(state)
+        log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
+        return int(meta["epoch"]) + 1
+
+    def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
+        t = self.cfg.train
+        return evaluate(self.algorithm.model, self.tokenizer, self.eval_examples, scorer,
+                        max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
+                        chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
+                        eos_token_ids=self.eos_token_ids)
+
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
+        t = self.cfg.train
+        start = self._resume() if resume else 0
+        logger = MetricsLogger(self.out_dir, tensorboard=t.tensorboard and self.is_main,
+                               resume_after=start if resume else None)
+        summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
+        bad_steps = 0
+        from tqdm import tqdm
+
+        bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
+                   disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
+        with self._scorer() as scorer, StopSignal() as stop:
+            if start == 0 and t.eval_every:
+                first = self._evaluate(scorer)
+                logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
+                summary["eval_reward_before"] = first["eval/reward"]
+            epoch = start - 1
+            for epoch in bar:
+                examples = self.task.examples("train", self.examples_per_epoch, epoch_seed(t.seed, epoch))
+                began = time.perf_counter()
+                result = self.algorithm.train_step(epoch, examples, scorer)
+                metrics = {**result.metrics, "epoch_time": time.perf_counter() - began, "skipped": result.skipped}
+                if result.skipped:
+                    bad_steps += 1
+                    log.warning("epoch %d skipped (%s); %d bad step(s) in a row", epoch, result.reason, bad_steps)
+                    if bad_steps >= t.max_bad_steps:
+                        logger.log(epoch + 1, metrics)
+                        logger.close()
+                        self.checkpointer.close()
+                        raise TrainingError(f"{bad_steps} consecutive bad steps ({result.reason}); stopped at epoch "
+                                            f"{epoch}, last good checkpoint in {self.checkpointer.directory}")
+                else:
+                    bad_steps = 0
+                last = epoch == t.epochs - 1
+                if t.eval_every and ((epoch + 1) % t.eval_every == 0 or last):
+                    metrics.update(self._evaluate(scorer))
+                    log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
+                             metrics["eval/samples"][0] if metrics["eval/samples"] else "")
+                metrics.pop("eval/samples", None)
+                logger.log(epoch + 1, metrics)
+                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
+                if (t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0) or last or stop.received:
+                    self._save(epoch, wait=bool(stop.received))
+                if stop.received:
+                    summary["stopped_by"] = signal.Signals(stop.received).name
+                    log.warning("stopped by %s after epoch %d; resume with --resume", summary["stopped_by"], epoch)
+                    break
+            summary["last_epoch"] = epoch
+        bar.close()
+        self.checkpointer.close()
+        logger.close()
+        summary["eval_reward_after"] = self._last_eval(logger.path)
+        if self.is_main and summary["stopped_by"] is None:
+            plot_rewards(logger.path, self.out_dir / "reward.png", title=f"{self.cfg.task.name}")
+        return summary
+
+    @staticmethod
+    def _last_eval(metrics_path: Path) -> float | None:
+        from jaxcore.metrics import read_metrics
+
+        evals = [r["eval/reward"] for r in read_metrics(metrics_path) if "eval/reward" in r]
+        return evals[-1] if evals else None

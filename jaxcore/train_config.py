@@ -1,0 +1,99 @@
+"""Config sections shared by the trainers (ES and GRPO), and the ES job config."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class ModelSection:
+    path: str = ""                      # HF directory or jaxcore checkpoint
+    dtype: str = "float32"              # compute dtype; parameters stay float32
+    remat: bool = False
+
+
+@dataclasses.dataclass
+class TaskSection:
+    name: str = "addition"              # see jaxcore.rewards.registry.TASKS
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class RolloutSection:
+    prompts_per_epoch: int = 32
+    generations_per_prompt: int = 1
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    chat_template: bool = False
+    system_prompt: str | None = None
+
+
+@dataclasses.dataclass
+class OptimizerSection:
+    name: str = "sgd"                   # sgd | adam | adamw
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float | None = None
+    schedule: str = "constant"          # constant | cosine | linear
+    warmup_steps: int = 0
+    max_grad_norm: float | None = None  # GRPO only
+
+
+@dataclasses.dataclass
+class RewardSection:
+    num_workers: int = 0                # >0: score in a process pool
+    timeout_s: float = 30.0
+    fallback: float = 0.0               # value given to samples whose reward function failed
+
+
+@dataclasses.dataclass
+class TrainSection:
+    epochs: int = 10
+    seed: int = 0
+    out_dir: str = "runs/es"
+    eval_every: int = 5                 # held-out evaluation cadence (epochs); 0 = only at the end
+    eval_prompts: int = 64
+    eval_batch_size: int = 256
+    checkpoint_every: int = 5           # 0 = only at the end / on SIGTERM
+    max_to_keep: int = 3
+    max_bad_steps: int = 3              # consecutive NaN/Inf steps before stopping
+    export_hf: bool = True              # write out_dir/final_hf at the end
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class DistributedSection:
+    coordinator: str | None = None      # "host:port": run jax.distributed.initialize
+    num_processes: int = 1
+    process_id: int = 0
+
+
+@dataclasses.dataclass
+class EsSection:
+    population: int = 64
+    rank: int = 1
+    sigma: float = 0.01
+    noise_reuse: int = 1
+    shaping: str = "zscore"             # zscore | group_zscore | centered_rank | none
+    non_matrix: str = "frozen"          # frozen | full
+    include_embeddings: bool = False
+    include_lm_head: bool = False
+
+
+@dataclasses.dataclass
+class ESConfig:
+    """`jaxcore es` configuration."""
+
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    task: TaskSection = dataclasses.field(default_factory=TaskSection)
+    rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+    es: EsSection = dataclasses.field(default_factory=EsSection)
+    optimizer: OptimizerSection = dataclasses.field(default_factory=OptimizerSection)
+    rewards: RewardSection = dataclasses.field(default_factory=RewardSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
