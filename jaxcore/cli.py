@@ -39,11 +39,10 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         types.append(ConfigValueError)
     except ImportError:
         pass
-    try:
-        from jaxcore.rewards.tasks import TaskError
-        types.append(TaskError)
-    except ImportError:
-        pass
+    from jaxcore.rewards import TaskError
+    from jaxcore.train import TaskConfigError, TrainingError
+
+    types += [TaskError, TaskConfigError, TrainingError]
     return tuple(types)
 
 

@@ -70,10 +70,12 @@ class EggrollAlgorithm:
             log.warning("population/devices is odd: antithetic pairs straddle devices (slower)")
         sharding.replicate_model(model, self.mesh)
         self.rows = sharding.leading_axis(self.mesh, "pop")
+        self.eval_sharding = sharding.replicated(self.mesh)
         schedule = make_schedule(cfg.optimizer, cfg.train.epochs)
         self.optimizer = eggroll.make_optimizer(cfg.optimizer.name, schedule, weight_decay=cfg.optimizer.weight_decay,
                                                 momentum=cfg.optimizer.momentum)
-        self.opt_state = self.optimizer.init(eggroll.perturbed_params(model, self.plan))
+        self.opt_state = sharding.replicate_tree(self.optimizer.init(eggroll.perturbed_params(model, self.plan)),
+                                                 self.mesh)
 
     # -- checkpointing -------------------------------------------------------------------------
 

@@ -149,9 +149,11 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
     if num_return_sequences > 1:
         ids_BT = np.repeat(ids_BT, num_return_sequences, axis=0)
         mask_BT = np.repeat(mask_BT, num_return_sequences, axis=0)
-    ids, mask = jnp.asarray(ids_BT), jnp.asarray(mask_BT)
-    if row_sharding is not None:
-        ids, mask = jax.device_put(ids, row_sharding), jax.device_put(mask, row_sharding)
+    if row_sharding is not None:     # every process holds the same host batch: place it as one global array
+        ids, mask = (jax.make_array_from_callback(x.shape, row_sharding, lambda index, x=x: x[index])
+                     for x in (ids_BT, mask_BT))
+    else:
+        ids, mask = jnp.asarray(ids_BT), jnp.asarray(mask_BT)
     graphdef, state = nnx.split(model)
     if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
         state = _cast_floating(state, model.dtype)      # once per call, not in every decode step

@@ -77,10 +77,15 @@ def put_global(array: np.ndarray | jax.Array, sharding: NamedSharding) -> jax.Ar
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
+def replicate_tree(tree: Any, mesh: Mesh) -> Any:
+    """Every array of `tree` replicated over `mesh` (host copies placed per device: multi-process safe)."""
+    sharding = replicated(mesh)
+    return jax.tree.map(lambda x: put_global(np.asarray(x), sharding), tree)
+
+
 def replicate_model(model: Any, mesh: Mesh) -> Any:
     """Place every parameter of an NNX model on all devices of `mesh` (replicated), in place."""
     from flax import nnx
 
-    state = nnx.state(model)
-    nnx.update(model, jax.device_put(state, replicated(mesh)))
+    nnx.update(model, replicate_tree(nnx.state(model), mesh))
     return model

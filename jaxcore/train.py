@@ -88,14 +88,18 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, *, max_new_tokens: int,
              batch_size: int, chat_template: bool = False, system: str | None = None,
-             eos_token_ids: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Greedy completions for held-out examples, scored: mean reward, per-function means, samples."""
+             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None) -> dict[str, Any]:
+    """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
+
+    With `row_sharding` (e.g. replicated over a multi-process mesh) the batch lives on that mesh.
+    """
     texts: list[str] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], chat_template=chat_template, system=system)
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
-                          eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id)
+                          eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+                          row_sharding=row_sharding)
         texts.extend(decode_completions(tokenizer, result.tokens, result.lengths))
     scores = scorer.score(texts, examples)
     out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
@@ -105,16 +109,32 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
     return out
 
 
+def make_task(section: Any) -> Any:
+    """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2)."""
+    try:
+        return get_task(section.name, **section.options)
+    except TypeError as err:
+        raise TaskConfigError(f"task {section.name!r}: {err}") from err
+    except ValueError as err:
+        if isinstance(err, TaskConfigError) or type(err).__name__ == "TaskError":
+            raise
+        raise TaskConfigError(str(err)) from err
+
+
+class TaskConfigError(ValueError):
+    """A task name or option the registry does not know."""
+
+
 class Runner:
     """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
 
-    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, *, eos_token_ids: tuple[int, ...] = (),
-                 examples_per_epoch: int | None = None):
+    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Any, *,
+                 eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None):
         self.cfg = cfg
         self.algorithm = algorithm
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        self.task = get_task(cfg.task.name, **cfg.task.options)
+        self.task = task
         self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
         self.out_dir = Path(cfg.train.out_dir)
         self.is_main = jax.process_index() == 0
@@ -142,14 +162,14 @@ class Runner:
         return evaluate(self.algorithm.model, self.tokenizer, self.eval_examples, scorer,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
                         chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
-                        eos_token_ids=self.eos_token_ids)
+                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None))
 
     def run(self, resume: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
         t = self.cfg.train
         start = self._resume() if resume else 0
-        logger = MetricsLogger(self.out_dir, tensorboard=t.tensorboard and self.is_main,
-                               resume_after=start if resume else None)
+        logger = MetricsLogger(self.out_dir if self.is_main else self.out_dir / f"process{jax.process_index()}",
+                               tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
         summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
         bad_steps = 0
         from tqdm import tqdm
@@ -186,7 +206,8 @@ class Runner:
                 metrics.pop("eval/samples", None)
                 logger.log(epoch + 1, metrics)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
-                if (t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0) or last or stop.received:
+                periodic = t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0
+                if ((periodic or last) and not result.skipped) or stop.received:
                     self._save(epoch, wait=bool(stop.received))
                 if stop.received:
                     summary["stopped_by"] = signal.Signals(stop.received).name

@@ -1,0 +1,229 @@
+"""The shared runtime through `jaxcore es`: configs, data errors, resume, signals, NaNs, bad rewards."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxcore.cli import main
+from jaxcore.config import load_config
+from jaxcore.convert import read_safetensors
+from jaxcore.train_config import ESConfig
+
+TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
+            "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16",
+            "optimizer.learning_rate=0.05", "train.eval_prompts=8", "train.progress=false", "train.tensorboard=false"]
+
+
+def es_args(model, out, *extra):
+    return [f"model.path={model}", f"train.out_dir={out}", *TINY_RUN, *extra]
+
+
+def final_params(out: Path) -> dict:
+    return read_safetensors(out / "final_hf")
+
+
+def run_cli(capsys, *args):
+    capsys.readouterr()
+    code = main(list(map(str, args)))
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("es.sigmaa=0.1", "unknown config key es.sigmaa"),
+    ("es.sigma=abc", "es.sigma: expected a number, got 'abc'"),
+    ("train.epochs=2.5", "train.epochs: expected an integer, got 2.5"),
+    ("nosection.x=1", "unknown config key nosection"),
+    ("es.population=7", "population must be an even number"),
+])
+def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected):
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), tmp_path / "out", override))
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+
+
+def test_malformed_yaml_and_missing_config(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("es:\n  sigma: [1,\n")
+    code, err = run_cli(capsys, "es", "--config", bad)
+    assert code == 2 and len(err) == 1 and "invalid YAML" in err[0]
+    code, err = run_cli(capsys, "es", "--config", tmp_path / "nope.yaml")
+    assert code == 2 and "no such config file" in err[0]
+
+
+def test_malformed_data_file_names_file_and_line(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), tmp_path / "out", "task.name=file",
+                                                f"task.options={{path: '{data}', reward: exact_match}}"))
+    assert code == 2 and len(err) == 1
+    assert str(data) in err[0] and "2" in err[0]
+
+
+def test_bad_task_option_is_one_line(tiny_dir, tmp_path, capsys):
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), tmp_path / "out", "task.options.digitz=3"))
+    assert code == 2 and len(err) == 1 and "digitz" in err[0]
+
+
+def test_config_file_and_overrides_compose(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("es:\n  sigma: 0.5\ntrain:\n  epochs: 3\n")
+    cfg = load_config(ESConfig, path, ["es.sigma=1e-3", "task.options.digits=3"])
+    assert cfg.es.sigma == 1e-3 and cfg.train.epochs == 3 and cfg.task.options == {"digits": 3}
+
+
+# --------------------------------------------------------------------------- resume and signals
+
+
+def spawn_es(model, out, *extra) -> subprocess.Popen:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen([sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, out, *extra)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_epochs(out: Path, epochs: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline:
+        if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"reward"' in line) >= epochs:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise TimeoutError("training did not reach the epoch")
+
+
+@pytest.fixture(scope="module")
+def straight_run(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=0",
+                                "train.checkpoint_every=1")])
+    assert code == 0
+    return final_params(out)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, straight_run, sig):
+    model = tiny_dir("llama")
+    out = tmp_path / "run"
+    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=0", "train.checkpoint_every=1")
+    wait_for_epochs(out, 2, proc)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 0, stderr
+        assert "stopped by SIGTERM" in stderr and "--resume" in stderr
+        assert not (out / "final_hf").exists()
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    steps = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 5
+    code, _ = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=0",
+                                                           "train.checkpoint_every=1"))
+    assert code == 0
+    resumed = final_params(out)
+    for key, value in straight_run.items():
+        np.testing.assert_array_equal(resumed[key], value, err_msg=key)
+    epochs = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    assert epochs == [1, 2, 3, 4, 5, 6]          # each epoch logged once, even after the kill
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tiny_dir, tmp_path, capsys):
+    code, err = run_cli(capsys, "es", "--resume", *es_args(tiny_dir("llama"), tmp_path / "out"))
+    assert code == 2 and "no checkpoint to resume from" in err[0]
+
+
+# --------------------------------------------------------------------------- NaNs and bad rewards
+
+
+def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, tmp_path, monkeypatch):
+    import jax.numpy as jnp
+
+    from jaxcore import eggroll
+    from jaxcore.commands.es import train_es
+    from jaxcore.train import TrainingError
+
+    real = eggroll.estimate_gradient
+
+    def poisoned(plan, epoch, fitness):
+        grads = real(plan, epoch, fitness)
+        if int(epoch) in (1, 3, 4):
+            grads = {k: v * jnp.nan for k, v in grads.items()}
+        return grads
+
+    monkeypatch.setattr(eggroll, "estimate_gradient", poisoned)
+    out = tmp_path / "nan"
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=0",
+                                              "train.checkpoint_every=1", "train.max_bad_steps=2"))
+    with pytest.raises(TrainingError, match="2 consecutive bad steps"):
+        train_es(cfg)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in records] == [False, True, False, True, True]
+    from jaxcore.checkpoint import TrainCheckpointer
+
+    ckpt = TrainCheckpointer(out / "checkpoints")
+    assert ckpt.latest_step() == 2                  # epochs 3 and 4 never wrote a checkpoint
+    ckpt.close()
+
+
+def raising_reward(completions, examples):
+    raise RuntimeError("reward server down")
+
+
+def hanging_reward(completions, examples):
+    time.sleep(60)
+    return [1.0] * len(completions)
+
+
+def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_dir, tmp_path, monkeypatch):
+    from jaxcore import train
+    from jaxcore.commands.es import train_es
+    from jaxcore.rewards import get_task
+
+    base = get_task("addition", digit_match_weight=1.0)
+    task = dataclasses.replace(base, reward_fns={**base.reward_fns, "crash": raising_reward, "hang": hanging_reward},
+                               reward_weights={**base.reward_weights, "crash": 1.0, "hang": 1.0})
+    monkeypatch.setattr(train, "get_task", lambda name, **options: task)
+    out = tmp_path / "bad-rewards"
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=0",
+                                              "rewards.num_workers=2", "rewards.timeout_s=2",
+                                              "rewards.fallback=-1.0"))
+    summary = train_es(cfg)
+    assert summary["stopped_by"] is None
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rewards/crash/failures"] == 32 and r["rewards/hang/failures"] == 32 for r in records)
+    assert all(r["rewards/digit_match/failures"] == 0 for r in records)
+
+
+# --------------------------------------------------------------------------- multi-host
+
+
+def test_two_processes_equal_one_process_with_eight_devices(tiny_dir, tmp_path):
+    model = tiny_dir("llama")
+    args = ["train.epochs=2", "train.eval_every=2", "train.checkpoint_every=0"]
+    single = tmp_path / "single"
+    assert main(["es", *es_args(model, single, *args)]) == 0
+    port = 20000 + os.getpid() % 20000
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+               "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+        cmd = [sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, tmp_path / "multi", *args),
+               f"distributed.coordinator=localhost:{port}", "distributed.num_processes=2",
+               f"distributed.process_id={rank}"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    one, two, start = final_params(single), final_params(tmp_path / "multi"), read_safetensors(model)
+    assert any(not np.array_equal(one[k], start[k]) for k in one)
+    for key in one:
+        np.testing.assert_allclose(two[key], one[key], atol=1e-6, rtol=0, err_msg=key)
