@@ -1,0 +1,196 @@
+"""The jit'd GRPO step: accumulation, mu > 1, truncation masking, sharding, the reference model, learning."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxcore
+from jaxcore.bench.grpo import EOS_ID, synthetic_batch
+from jaxcore.grpo import grpo_loss
+from jaxcore.grpo_step import (
+    GRPOLearner,
+    GRPOTrainConfig,
+    build_batch,
+    loss_mask,
+    make_schedule,
+    policy_logps,
+    rollout_metrics,
+)
+from jaxcore.logprobs import completion_logprobs
+from jaxcore.sharding import make_mesh
+
+score = nnx.jit(policy_logps)
+# Adam divides by sqrt(v): fp32 summation-order noise in near-zero gradient entries becomes up to a few
+# percent of one step (lr = 1e-3) in those entries, so parameters are compared at 5% of a step.
+PARAM_ATOL = 5e-5
+
+
+@pytest.fixture(scope="module")
+def path(tiny_dir):
+    return tiny_dir("llama")
+
+
+@pytest.fixture(scope="module")
+def batch(path):
+    vocab = jaxcore.load_hf(path).config.vocab_size
+    return synthetic_batch(vocab, 16, 6, 8, group_size=4, seed=1)
+
+
+def logp_of(model, batch) -> np.ndarray:
+    return np.asarray(score(model, jnp.asarray(batch.input_ids_BT), jnp.asarray(batch.attention_mask_BT))[0])
+
+
+def params_of(learner: GRPOLearner) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(learner.state.params)]
+
+
+def initial_params(path) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.to_pure_dict(nnx.state(jaxcore.load_hf(path), nnx.Param)))]
+
+
+def assert_params_close(a: GRPOLearner, b: GRPOLearner, rtol: float = 1e-5, atol: float = PARAM_ATOL) -> None:
+    for x, y in zip(params_of(a), params_of(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+def test_build_batch_layout():
+    prompt_ids = np.array([[0, 5, 6], [7, 8, 9]])
+    prompt_mask = np.array([[0, 1, 1], [1, 1, 1]])
+    completion_ids = np.array([[10, EOS_ID, 0, 0], [11, 12, 13, 14]])
+    completion_mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]])
+    b = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, [1.0, -1.0], (EOS_ID,))
+    assert b.input_ids_BT.shape == (2, 7) and b.completion_mask_BL.shape == (2, 6)
+    # position t scores token t + 1: the completion tokens sit at 3.. so positions 2.. are trained
+    np.testing.assert_array_equal(b.completion_mask_BL, [[0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(b.truncated_B, [False, True])
+    np.testing.assert_array_equal(b.attention_mask_BT, [[0, 1, 1, 1, 1, 0, 0], [1] * 7])
+    m = rollout_metrics(b)
+    assert (m["completions/mean_length"], m["completions/clipped_ratio"]) == (3.0, 0.5)
+    assert m["completions/max_terminated_length"] == 2.0 and m["rollout_tokens"] == 11.0
+
+
+def test_policy_logps_match_completion_logprobs(path, batch):
+    model = jaxcore.load_hf(path)
+    ids, mask = jnp.asarray(batch.input_ids_BT), jnp.asarray(batch.attention_mask_BT)
+    np.testing.assert_allclose(logp_of(model, batch), nnx.jit(completion_logprobs)(model, ids, mask), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_dapo_accumulation_equals_one_batch(path, batch):
+    """Two micro-batches (with remat, which must not change any number) == one batch."""
+    cfg = dict(loss_type="dapo", learning_rate=1e-3, max_completion_length=8)
+    one = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(**cfg))
+    two = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(**cfg, gradient_accumulation_steps=2, remat=True))
+    assert two.model.remat and not one.model.remat
+    m1, m2 = one.train_on_rollout(batch)[0], two.train_on_rollout(batch)[0]
+    assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7)
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert m1["loss_tokens"] == m2["loss_tokens"] == batch.completion_mask_BL.sum()
+    assert_params_close(one, two)
+    assert max(np.abs(a - b).max() for a, b in zip(params_of(one), initial_params(path))) > 1e-3
+
+
+def test_num_iterations_reuse_stored_old_logp(path, batch):
+    cfg = GRPOTrainConfig(loss_type="bnpo", num_iterations=2, learning_rate=3e-3, max_completion_length=8)
+    learner = GRPOLearner(jaxcore.load_hf(path), cfg)
+    initial = logp_of(learner.model, batch)
+    prepared = learner.prepare(batch)
+    np.testing.assert_allclose(prepared.old_logp_BL, initial, rtol=1e-5, atol=1e-5)
+    first = learner.step(prepared)
+    now = logp_of(learner.model, batch)
+    second = learner.step(prepared)
+    args = (jnp.asarray(batch.advantages_B), jnp.asarray(batch.completion_mask_BL), cfg)
+    expected, metrics = grpo_loss(jnp.asarray(now), prepared.old_logp_BL, None, *args)
+    on_policy, _ = grpo_loss(jnp.asarray(now), None, None, *args)
+    assert second["loss"] == pytest.approx(float(expected), rel=1e-4)
+    assert abs(float(expected) - float(on_policy)) > 1e-3          # the stored values matter
+    assert second["clip_ratio/region_mean"] == pytest.approx(float(metrics["clip_ratio/region_mean"]))
+    assert first["clip_ratio/region_mean"] == 0.0 and second["clip_ratio/region_mean"] > 0
+
+
+def test_truncated_completions_are_masked(batch):
+    """mask_truncated_completions == zeroing those rows' completion masks, in the loss and its normaliser."""
+    assert batch.truncated_B.any() and not batch.truncated_B.all()
+    logp = jnp.asarray(np.random.default_rng(0).normal(-3, 1, batch.completion_mask_BL.shape), jnp.float32)
+    old = logp + 0.3
+    zeroed = batch.replace(completion_mask_BL=batch.completion_mask_BL * ~batch.truncated_B[:, None])
+    cfg = GRPOTrainConfig(loss_type="dapo", max_completion_length=8)
+
+    def loss(b, mask_truncated: bool) -> float:
+        mask = loss_mask(jax.tree.map(jnp.asarray, b), mask_truncated)
+        return float(grpo_loss(logp, old, None, jnp.asarray(b.advantages_B), mask, cfg, mask.sum())[0])
+
+    assert loss(batch, True) == pytest.approx(loss(zeroed, False), rel=1e-6)
+    assert abs(loss(batch, True) - loss(batch, False)) > 1e-3
+    assert int(loss_mask(jax.tree.map(jnp.asarray, batch), True).sum()) == int(zeroed.completion_mask_BL.sum())
+
+
+def test_eight_devices_match_one(path, tiny_dir, batch):
+    assert jax.device_count() == 8
+    calls = []
+
+    def load_ref():
+        calls.append(1)
+        return jaxcore.load_hf(tiny_dir("llama", seed=1))
+
+    cfg = GRPOTrainConfig(loss_type="dapo", beta=0.04, num_iterations=2, gradient_accumulation_steps=2,
+                          learning_rate=1e-3, max_completion_length=8)
+    one = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=make_mesh({"data": 1}, devices=jax.devices()[:1]),
+                      ref_model=load_ref)
+    eight = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=make_mesh({"data": 4, "fsdp": 2}), ref_model=load_ref,
+                        fsdp_min_size=1024)
+    assert len(calls) == 2
+    sharded = [x for x in jax.tree.leaves(eight.state.params) if not x.sharding.is_fully_replicated]
+    assert len(sharded) >= 5 and all(len(x.sharding.device_set) == 8 for x in sharded)
+    metrics_one, metrics_eight = one.train_on_rollout(batch), eight.train_on_rollout(batch)
+    for m1, m8 in zip(metrics_one, metrics_eight, strict=True):
+        for key in ("loss", "kl", "grad_norm", "entropy", "clip_ratio/region_mean"):
+            assert m1[key] == pytest.approx(m8[key], rel=1e-4, abs=1e-6), key
+    assert metrics_one[1]["kl"] > 0.01
+    assert_params_close(one, eight)
+    assert max(np.abs(a - b).max() for a, b in zip(params_of(one), initial_params(path))) > 1e-3
+
+
+def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch):
+    """A few steps on positive-advantage completions make them likelier (negative ones less likely),
+    with beta = 0 never loading the reference nor reading (NaN-poisoned) reference log-probs."""
+    def forbidden():
+        raise AssertionError("the reference model was loaded with beta == 0")
+
+    advantages = np.where(np.arange(16) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    poisoned = batch.replace(advantages_B=advantages,
+                             ref_logp_BL=np.full(batch.completion_mask_BL.shape, np.nan, np.float32))
+    mask = batch.completion_mask_BL.astype(bool)
+    cfg = GRPOTrainConfig(loss_type="grpo", learning_rate=1e-3, max_completion_length=8)
+    learner = GRPOLearner(jaxcore.load_hf(path), cfg, ref_model=forbidden)
+    assert learner.ref is None and learner.prepare(batch).ref_logp_BL is None
+
+    def mean_logp(sign: float) -> float:
+        logp = logp_of(learner.model, batch)
+        return float(logp[(advantages == sign)[:, None] & mask].mean())
+
+    before = mean_logp(1.0), mean_logp(-1.0)
+    metrics = [learner.train_on_rollout(poisoned)[0] for _ in range(4)]
+    after = mean_logp(1.0), mean_logp(-1.0)
+    assert after[0] > before[0] + 0.1
+    assert after[1] < before[1] - 0.1
+    assert all("kl" not in m and np.isfinite(list(m.values())).all() for m in metrics)
+
+
+def test_schedule_and_config_validation():
+    sched = make_schedule(GRPOTrainConfig(learning_rate=1.0, warmup_steps=4, lr_schedule="cosine", total_steps=12))
+    assert [round(float(sched(s)), 4) for s in (0, 2, 4, 8, 12)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    const = make_schedule(GRPOTrainConfig(learning_rate=2.0, warmup_steps=2))
+    assert [float(const(s)) for s in (0, 1, 2, 50)] == [0.0, 1.0, 2.0, 2.0]
+    with pytest.raises(ValueError):
+        GRPOTrainConfig(lr_schedule="linear")
+    with pytest.raises(ValueError):
+        GRPOTrainConfig(gradient_accumulation_steps=0)
+
+
+def test_batch_must_split_over_micro_batches_and_devices(path, batch):
+    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(gradient_accumulation_steps=3))
+    with pytest.raises(ValueError, match="micro-batches"):
+        learner.prepare(batch)
