@@ -1,0 +1,67 @@
+"""Rejection sampling: sample K chain-of-thought completions per question, keep the correct ones.
+
+A completion is correct when the number in its last <answer>...</answer> is within 5% of the
+reference. Output: a JSON list of [question, answer, reasoning] entries (the input of rft-train).
+Every numeric knob also reads an environment variable (the flag wins over the variable).
+
+examples:
+  torchref rft-datagen --model ./SmolLM2-360M-Instruct --questions data/rft/train.json \\
+      --out data/rft/rft.json --oversample 15 --temperature 0.7
+  RFT_MICRO_BATCH_SIZE=256 RFT_CHUNK_SIZE=10 torchref rft-datagen --model ./SmolLM2-360M-Instruct \\
+      --questions data/rft/train.json --out data/rft/rft.json --batch-size 8 --engine jax
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torchref.commands._common import add_engine_arguments, add_prompt_arguments, prompt_options, show_progress
+from torchref.rft.datagen import KNOBS
+from torchref.rft.settings import add_knobs, resolve_knobs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF model directory (config.json, safetensors, tokenizer)")
+    parser.add_argument("--questions", required=True, help="JSON list of [question, answer] (from rft-data)")
+    parser.add_argument("--out", required=True, help="output JSON list of [question, answer, reasoning]")
+    add_knobs(parser, KNOBS)
+    parser.add_argument("--keep", type=int, default=1,
+                        help="distinct correct completions kept per question; 0 keeps all (default 1)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0: off)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k sampling (default 0: off)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N questions")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--stats", default=None, help="also write the run's statistics to this JSON file")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_engine_arguments(parser)
+    add_prompt_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    show_progress(args.progress)
+    from torchref.rft.data import load_questions, write_json
+    from torchref.rft.datagen import DatagenConfig, generate_dataset
+    from torchref.rft.engines import SamplingParams, load_engine
+    from torchref.rft.errors import RFTError
+
+    knobs = resolve_knobs(args, KNOBS)
+    if knobs["temperature"] <= 0:
+        raise RFTError(f"rejection sampling needs temperature > 0, got {knobs['temperature']}")
+    questions = load_questions(args.questions)[:args.limit]
+    config = DatagenConfig(oversample=knobs["oversample"], batch_size=knobs["batch_size"],
+                           micro_batch_size=knobs["micro_batch_size"], chunk_size=knobs["chunk_size"], keep=args.keep)
+    params = SamplingParams(max_new_tokens=knobs["max_new_tokens"], temperature=knobs["temperature"],
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    engine = load_engine(args.engine, args.model, params, dtype=args.dtype, **prompt_options(args))
+    entries, stats = generate_dataset(engine, questions, config, progress=args.progress)
+    write_json(args.out, entries)
+    summary = {**stats.as_dict(), "engine": args.engine, **knobs, "keep": args.keep}
+    if args.stats:
+        Path(args.stats).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.stats).write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {args.out}: {stats.kept} entries; {stats.solved}/{stats.questions} questions solved "
+          f"({stats.success_rate:.1%}), {stats.completions} completions in {stats.seconds:.1f} s "
+          f"({summary['completions_per_s']:.1f}/s, answer rate {summary['answer_rate']:.1%})")
+    return 0

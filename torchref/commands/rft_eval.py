@@ -1,0 +1,62 @@
+"""Accuracy (last <answer> within 5% of the reference) and answer rate (a parseable <answer>) on a question set.
+
+Greedy decoding by default; --temperature > 0 with --samples N scores N samples per question.
+
+examples:
+  torchref rft-eval --model runs/rft/merged --questions data/rft/valid.json --json runs/rft/eval.json
+  torchref rft-eval --model ./SmolLM2-360M-Instruct --questions data/rft/valid.json      # the baseline
+  torchref rft-eval --model ./SmolLM2-360M-Instruct --adapter runs/rft/adapter --questions data/rft/valid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torchref.commands._common import add_engine_arguments, add_prompt_arguments, prompt_options, show_progress
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF model directory (e.g. rft-train's OUT/merged)")
+    parser.add_argument("--questions", required=True, help="JSON list of [question, answer] (e.g. valid.json)")
+    parser.add_argument("--adapter", default=None, help="peft LoRA adapter directory to merge in (--engine hf)")
+    parser.add_argument("--json", dest="json_out", default=None,
+                        help="write metrics and every completion to this JSON file")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="default 256")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0: off)")
+    parser.add_argument("--samples", type=int, default=1, help="completions per question (default 1)")
+    parser.add_argument("--batch-size", type=int, default=32, help="questions per batch (default 32)")
+    parser.add_argument("--micro-batch-size", type=int, default=64, help="rows per generate call (default 64)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N questions")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_engine_arguments(parser)
+    add_prompt_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    show_progress(args.progress)
+    from torchref.rft.data import load_questions
+    from torchref.rft.engines import SamplingParams, load_engine
+    from torchref.rft.errors import RFTError
+    from torchref.rft.evaluate import evaluate, format_table
+
+    if args.samples < 1 or args.batch_size < 1 or args.micro_batch_size < 1:
+        raise RFTError("--samples, --batch-size and --micro-batch-size must be >= 1")
+    questions = load_questions(args.questions)[:args.limit]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)
+    engine = load_engine(args.engine, args.model, params, dtype=args.dtype, adapter=args.adapter,
+                         **prompt_options(args))
+    result = evaluate(engine, questions, samples=args.samples, batch_size=args.batch_size,
+                      micro_batch_size=args.micro_batch_size, chunk_size=args.samples, progress=args.progress)
+    print(format_table(result["metrics"]))
+    if args.json_out:
+        record = {"model": args.model, "adapter": args.adapter, "questions_file": args.questions,
+                  "engine": args.engine, "temperature": args.temperature, **result}
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json_out}")
+    return 0

@@ -1,0 +1,160 @@
+"""LoRA SFT on RFT data with peft and the HF Trainer.
+
+Precision is picked per device (`precision.mixed_precision`): bf16 where supported, fp16 on other
+GPUs, fp32 on the CPU; TF32 on Ampere and newer; fused AdamW on CUDA. The base weights stay fp32
+(autocast does the low-precision compute). Nothing here places tensors on a device: the Trainer
+does, so the same code runs on one CPU, one GPU, or several under `torchrun` / `accelerate launch`.
+
+Output directory: `checkpoint-*/` (Trainer checkpoints, at most `save_total_limit`), `adapter/`
+(the final LoRA adapter + tokenizer), `merged/` (with `merge`: a full HF model directory that
+`jaxcore convert --from-hf` reads) and `train_log.json` (config, loss history, summary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from jaxcore.convert import CheckpointError, read_hf_config
+from jaxcore.tokenization import load_tokenizer
+from torchref.rft.data import load_sft
+from torchref.rft.engines import existing_dir
+from torchref.rft.errors import RFTError
+from torchref.rft.lora import lora_targets, merge_to_hf, wrap_lora
+from torchref.rft.precision import DTYPES, default_optim, mixed_precision, tf32_capable
+from torchref.rft.prompts import resolve_format
+from torchref.rft.sft_data import PadCollator, SFTDataset
+
+SAVE_STRATEGIES = ("no", "epoch", "steps")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: str                                # HF model directory (base)
+    data: str                                 # [question, answer, reasoning] JSON list
+    out: str                                  # output directory
+    epochs: float = 3.0
+    max_steps: int = -1                       # > 0 overrides epochs
+    learning_rate: float = 2e-4
+    batch_size: int = 16                      # per device
+    grad_accum: int = 1
+    warmup: float = 0.05                      # < 1: fraction of the steps; >= 1: steps
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: tuple[str, ...] | None = None   # None: LORA_TARGETS[model_type]
+    mixed_precision: str = "auto"             # auto, no, fp16, bf16
+    gradient_checkpointing: bool = False
+    optim: str | None = None                  # None: adamw_torch_fused on CUDA, else adamw_torch
+    dataloader_workers: int | None = None     # None: 4 on CUDA, 0 on the CPU
+    save_strategy: str = "epoch"
+    save_steps: int = 500
+    save_total_limit: int = 1
+    logging_steps: int = 10
+    max_length: int = 512
+    seed: int = 0
+    template: str | None = None
+    chat: str = "auto"
+    system: str | None = None
+    merge: bool = False
+    merge_dtype: str = "auto"                 # auto: the base checkpoint's dtype
+    report_to: str = "none"
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.save_strategy not in SAVE_STRATEGIES:
+            raise RFTError(f"save strategy must be one of {', '.join(SAVE_STRATEGIES)}, got {self.save_strategy!r}")
+        if self.merge_dtype != "auto" and self.merge_dtype not in DTYPES:
+            raise RFTError(f"merge dtype must be auto or one of {', '.join(DTYPES)}, got {self.merge_dtype!r}")
+        for name in ("batch_size", "grad_accum", "lora_r", "logging_steps", "max_length", "save_total_limit"):
+            if getattr(self, name) < 1:
+                raise RFTError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0 or (self.warmup >= 1 and self.warmup != int(self.warmup)):
+            raise RFTError(f"warmup must be a fraction in [0, 1) or a whole number of steps, got {self.warmup}")
+
+
+def build_lora_model(cfg: TrainConfig, model_type: str) -> Any:
+    """The fp32 base model (on the CPU; the Trainer moves it) wrapped with LoRA adapters."""
+    from torchref.model import load_reference
+
+    try:
+        model = load_reference(cfg.model)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{cfg.model}: cannot load the model ({str(err).splitlines()[0]})") from err
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return wrap_lora(model, model_type, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                     targets=cfg.target_modules)
+
+
+def training_arguments(cfg: TrainConfig, precision: str) -> Any:
+    """TrainingArguments for `cfg` on this device."""
+    import torch
+    from transformers import TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    warmup = ({"warmup_ratio": cfg.warmup} if cfg.warmup < 1 and "warmup_ratio" in fields
+              else {"warmup_steps": cfg.warmup if cfg.warmup < 1 else int(cfg.warmup)})
+    workers = cfg.dataloader_workers if cfg.dataloader_workers is not None else (4 if cuda else 0)
+    return TrainingArguments(
+        output_dir=cfg.out, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate, lr_scheduler_type="cosine", weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm, optim=cfg.optim or default_optim(),
+        bf16=precision == "bf16", fp16=precision == "fp16", tf32=True if tf32_capable() else None,
+        dataloader_num_workers=workers, dataloader_pin_memory=cuda, dataloader_persistent_workers=workers > 0,
+        save_strategy=cfg.save_strategy, save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps, logging_first_step=True, report_to=cfg.report_to, seed=cfg.seed,
+        remove_unused_columns=False, ddp_find_unused_parameters=False, disable_tqdm=not cfg.progress,
+        use_cpu=not cuda and not torch.backends.mps.is_available(),   # CPU processes under torchrun: gloo DDP
+        **warmup)
+
+
+def loss_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    """First and last logged training loss."""
+    losses = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
+    if not losses:
+        return {}
+    return {"first_step": losses[0][0], "first_loss": losses[0][1], "last_step": losses[-1][0],
+            "last_loss": losses[-1][1]}
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run LoRA SFT; returns the summary also written to `out/train_log.json` (by the main process)."""
+    from transformers import Trainer, set_seed
+
+    tokenizer = load_tokenizer(existing_dir(cfg.model))
+    model_type = read_hf_config(cfg.model).get("model_type", "")
+    fmt = resolve_format(tokenizer, template=cfg.template, chat=cfg.chat, system=cfg.system)
+    dataset = SFTDataset(load_sft(cfg.data), tokenizer, fmt, cfg.max_length)
+    precision = mixed_precision(cfg.mixed_precision)
+    set_seed(cfg.seed)
+    model = build_lora_model(cfg, model_type)
+    args = training_arguments(cfg, precision)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                      data_collator=PadCollator(tokenizer.pad_token_id))
+    resume = cfg.resume and any(Path(cfg.out).glob("checkpoint-*"))
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    out = Path(cfg.out)
+    trainer.save_model(str(out / "adapter"))
+    summary: dict[str, Any] = {
+        "examples": len(dataset), "dropped_too_long": dataset.dropped, "steps": trainer.state.global_step,
+        "world_size": args.world_size, "precision": precision, "optim": cfg.optim or default_optim(),
+        "chat_template": fmt.chat,
+        "lora_targets": lora_targets(model_type, cfg.target_modules),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "adapter_dir": str(out / "adapter"), "main_process": trainer.is_world_process_zero(),
+        **loss_summary(trainer.state.log_history)}
+    if summary["main_process"]:
+        if cfg.merge:
+            summary["merged_dir"] = str(merge_to_hf(trainer.model, cfg.model, out / "merged", cfg.merge_dtype))
+        record = {"config": dataclasses.asdict(cfg), "summary": summary, "log_history": trainer.state.log_history}
+        (out / "train_log.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return summary
