@@ -90,11 +90,18 @@ def spawn_es(model, out, *extra) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def finished_checkpoints(out: Path) -> list[int]:
+    folder = out / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
 def wait_for_epochs(out: Path, epochs: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `epochs` epochs are logged and at least one (asynchronous) checkpoint is complete."""
     deadline = time.time() + timeout
     metrics = out / "metrics.jsonl"
     while time.time() < deadline:
-        if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"reward"' in line) >= epochs:
+        logged = metrics.is_file() and sum('"reward"' in line for line in metrics.read_text().splitlines())
+        if logged and logged >= epochs and finished_checkpoints(out):
             return
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
@@ -124,7 +131,7 @@ def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, 
         assert not (out / "final_hf").exists()
     else:
         assert proc.returncode == -signal.SIGKILL
-    steps = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    steps = finished_checkpoints(out)
     assert steps and steps[-1] < 5
     code, _ = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=0",
                                                            "train.checkpoint_every=1"))
