@@ -38,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise UserError(f"unknown suite(s) {', '.join(unknown)}; choose from all, {', '.join(SUITES)}")
+    if args.dtype == "float32":
+        import jax
+
+        # Like torch's default (no TF32 in matmuls): fp32 means fp32 on both sides of every ratio.
+        jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=args.dtype, quick=args.quick,
                            workdir=args.workdir)
     results: dict = {"device": device_info(), "options": vars(options)}
