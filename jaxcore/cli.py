@@ -12,7 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 SUBCOMMANDS = {
     "convert": "Convert between HF directories and jaxcore (orbax) checkpoints",
@@ -48,17 +48,22 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 def quiet_library_logs() -> None:
     """JAX, absl and orbax log every checkpoint step at INFO; keep them to warnings."""
-    for name in ("absl", "jax", "orbax", "jax._src.xla_bridge", "httpx"):
+    for name in ("absl", "jax", "orbax", "jax._src.xla_bridge", "httpx", "datasets"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxcore", description=__doc__,
+def make_parser(prog: str, description: str | None, subcommands: dict[str, tuple[str, str]]
+                ) -> argparse.ArgumentParser:
+    """A parser whose subcommands are modules with `add_arguments(parser)` and `run(args)`.
+
+    `subcommands` maps a command name to (module path, one-line help).
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text in SUBCOMMANDS.items():
-        module = importlib.import_module(f"jaxcore.commands.{name}")
+    for name, (module_path, help_text) in subcommands.items():
+        module = importlib.import_module(module_path)
         sub = subparsers.add_parser(name, help=help_text, description=module.__doc__,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
@@ -66,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+             error_types: Callable[[], tuple[type[BaseException], ...]]) -> int:
+    """Parse, set up logging, run the subcommand; bad input is one line on stderr and exit code 2."""
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -80,10 +86,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except user_error_types() as err:
+    except error_types() as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"jaxcore {args.command}: error: {message}", file=sys.stderr)
+        print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return make_parser("jaxcore", __doc__, {name: (f"jaxcore.commands.{name}", help_text)
+                                            for name, help_text in SUBCOMMANDS.items()})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return dispatch(build_parser(), argv, user_error_types)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ CHAT_TEMPLATE = (
 # Architecture presets shared by every family (GPT-2 ignores the GQA/head_dim fields).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=None, max_pos=512),
-    # ~29M parameters: the CPU benchmark model.
+    # ~34M parameters: the CPU benchmark model.
     "bench": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vocab=8192, max_pos=1024),
     # SmolLM2-135M's shape (random weights), for GPU benchmarks.
     "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152,

@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -34,40 +32,16 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchref", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(f"torchref.commands.{module_name}")
-        sub = subparsers.add_parser(name, help=help_text, description=module.__doc__,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
-    return parser
+    from jaxcore.cli import make_parser
+
+    return make_parser("torchref", __doc__, {name: (f"torchref.commands.{module}", help_text)
+                                             for name, (module, help_text) in SUBCOMMANDS.items()})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxcore.cli import quiet_library_logs
+    from jaxcore.cli import dispatch
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    quiet_library_logs()
-    logging.getLogger("datasets").setLevel(logging.WARNING)   # "JAX version ... available" when the Trainer loads
-    try:
-        return int(args.run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except user_error_types() as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"torchref {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    return dispatch(build_parser(), argv, user_error_types)
 
 
 if __name__ == "__main__":
