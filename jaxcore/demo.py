@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     began = time.perf_counter()
     out = Path(cfg.out_dir)
+    shutil.rmtree(out / "es", ignore_errors=True)      # a fresh run each time (the ES stage refuses old checkpoints)
     task = get_task("addition", digits=2)
     print(f"[1/4] tiny Llama checkpoint + byte-level tokenizer -> {out / 'base_hf'}", flush=True)
     base = write_tiny_checkpoint(out / "base_hf", "llama", preset="tiny", seed=cfg.seed)

@@ -228,7 +228,7 @@ def make_train_step(graphdef: nnx.GraphDef, rest: nnx.State, cfg: GRPOTrainConfi
                     optimizer: optax.GradientTransformation,
                     micro_batch_sharding: jax.sharding.Sharding | None = None
                     ) -> Callable[[TrainState, GRPOBatch], tuple[TrainState, dict[str, Array]]]:
-    """The un-jitted step: accumulate gradients over micro-batches, clip, AdamW-update."""
+    """The un-jitted step: accumulate gradients over micro-batches, clip, AdamW-update (skipped if non-finite)."""
     n = cfg.gradient_accumulation_steps
     weight = 1.0 if cfg.loss_type == "dapo" else 1.0 / n      # dapo already divides by the global count
     schedule = make_schedule(cfg)
@@ -257,7 +257,10 @@ def make_train_step(graphdef: nnx.GraphDef, rest: nnx.State, cfg: GRPOTrainConfi
         metrics = {k: v.mean() for k, v in metrics.items()}   # TRL averages per-micro-batch metrics
         metrics.update(loss=losses.sum(), grad_norm=optax.tree.norm(grads),
                        learning_rate=schedule(state.step), loss_tokens=num_items)
-        return TrainState(state.step + 1, params, opt_state), metrics
+        # A non-finite loss or gradient applies nothing (params, moments and step stay as they were).
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        new_state = TrainState(state.step + 1, params, opt_state)
+        return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state), metrics
 
     return step
 

@@ -39,7 +39,7 @@ def save_model(model: Transformer, path: str | os.PathLike,
 
     def write(tmp: Path) -> None:
         checkpointer = ocp.PyTreeCheckpointer()
-        checkpointer.save(str(tmp / "params"), params)
+        checkpointer.save(str(tmp.absolute() / "params"), params)   # orbax needs absolute paths
         if tokenizer_dir is not None:
             (tmp / "tokenizer").mkdir()
             copy_tokenizer_files(tokenizer_dir, tmp / "tokenizer")
@@ -75,7 +75,7 @@ def load_model(path: str | os.PathLike, dtype: str | Any = "float32", *,
     params_dir = Path(path) / "params"
     if not params_dir.is_dir():
         raise CheckpointError(f"{params_dir}: missing")
-    restored = ocp.PyTreeCheckpointer().restore(str(params_dir))
+    restored = ocp.PyTreeCheckpointer().restore(str(params_dir.absolute()))
     for key in sorted(set(restored) - set(expected)):
         raise CheckpointError(f"{params_dir}: unexpected tensor {key}")
     for key, shape in expected.items():

@@ -19,6 +19,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -167,6 +168,10 @@ class Runner:
     def run(self, resume: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
         t = self.cfg.train
+        if not resume and self.checkpointer.latest_step() is not None:
+            self.checkpointer.close()
+            raise TrainingError(f"{self.checkpointer.directory} already holds checkpoints: pass --resume to continue, "
+                                "or choose another train.out_dir")
         start = self._resume() if resume else 0
         logger = MetricsLogger(self.out_dir if self.is_main else self.out_dir / f"process{jax.process_index()}",
                                tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
@@ -228,3 +233,40 @@ class Runner:
 
         evals = [r["eval/reward"] for r in read_metrics(metrics_path) if "eval/reward" in r]
         return evals[-1] if evals else None
+
+
+def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
+                 resume: bool = False) -> dict[str, Any]:
+    """Load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer, eos_token_ids)`, run the
+    `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when `train.export_hf`).
+
+    Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an algorithm
+    setting the algorithm rejects with ValueError) is a one-line `UserError`.
+    """
+    from jaxcore.cli import UserError
+    from jaxcore.convert import save_hf
+    from jaxcore.model_checkpoint import load_any
+    from jaxcore.sharding import maybe_initialize_distributed
+    from jaxcore.tokenization import eos_token_ids, load_tokenizer
+
+    d = cfg.distributed
+    if d.coordinator:
+        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
+    task = make_task(cfg.task)
+    if not cfg.model.path:
+        raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
+    model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat)
+    if tok_dir is None:
+        raise UserError(f"{cfg.model.path}: no tokenizer files")
+    tokenizer = load_tokenizer(tok_dir)
+    eos = eos_token_ids(tokenizer, model.config.hf_config)
+    try:
+        algorithm = make_algorithm(model, tokenizer, eos)
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    del model                                   # the algorithm owns the weights from here on
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume)
+    if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
+        summary["final_hf"] = str(save_hf(algorithm.model, Path(cfg.train.out_dir) / "final_hf",
+                                          tokenizer_dir=tok_dir))
+    return summary

@@ -1,4 +1,4 @@
-"""Config sections shared by the trainers (ES and GRPO), and the ES job config."""
+"""Config sections shared by the trainers (ES and GRPO), and the ES and GRPO job configs."""
 
 from __future__ import annotations
 
@@ -96,4 +96,61 @@ class ESConfig:
     optimizer: OptimizerSection = dataclasses.field(default_factory=OptimizerSection)
     rewards: RewardSection = dataclasses.field(default_factory=RewardSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
+
+
+# ----------------------------------------------------------------------------- GRPO
+
+
+@dataclasses.dataclass
+class GRPOSection:
+    """GRPO settings (TRL's GRPOConfig names; G is rollout.generations_per_prompt and TRL's
+    max_completion_length is rollout.max_new_tokens)."""
+
+    beta: float = 0.0                   # k3-KL coefficient; 0: no reference model is loaded
+    epsilon: float = 0.2                # lower clip: ratio >= 1 - epsilon
+    epsilon_high: float | None = None   # upper clip (None: epsilon)
+    loss_type: str = "dapo"             # grpo | bnpo | dr_grpo | dapo
+    scale_rewards: str = "group"        # group | batch | none
+    num_iterations: int = 1             # mu: optimiser steps per rollout
+    gradient_accumulation_steps: int = 1
+    mask_truncated_completions: bool = False
+    ref_model_path: str | None = None   # beta > 0: reference model (default: a frozen copy of the initial policy)
+    fsdp: int = 1                       # size of the "fsdp" mesh axis (parameters sharded); the rest is "data"
+
+
+@dataclasses.dataclass
+class GRPORolloutSection(RolloutSection):
+    """Rollouts with GRPO's defaults: sampled (temperature 1), 8 completions per prompt."""
+
+    prompts_per_epoch: int = 16
+    generations_per_prompt: int = 8
+    temperature: float = 1.0
+
+
+@dataclasses.dataclass
+class GRPOOptimizerSection(OptimizerSection):
+    """AdamW with TRL's defaults (only adam/adamw are supported for GRPO)."""
+
+    name: str = "adamw"
+    learning_rate: float = 1e-6
+    max_grad_norm: float | None = 1.0
+
+
+@dataclasses.dataclass
+class GRPOTrainSection(TrainSection):
+    out_dir: str = "runs/grpo"
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    """`jaxcore grpo` configuration."""
+
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    task: TaskSection = dataclasses.field(default_factory=TaskSection)
+    rollout: GRPORolloutSection = dataclasses.field(default_factory=GRPORolloutSection)
+    grpo: GRPOSection = dataclasses.field(default_factory=GRPOSection)
+    optimizer: GRPOOptimizerSection = dataclasses.field(default_factory=GRPOOptimizerSection)
+    rewards: RewardSection = dataclasses.field(default_factory=RewardSection)
+    train: GRPOTrainSection = dataclasses.field(default_factory=GRPOTrainSection)
     distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)

@@ -34,34 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
 def train_es(cfg, resume: bool = False) -> dict:
     """Load the model, build the EGGROLL algorithm and run it; exports final_hf when configured."""
-    from pathlib import Path
-
-    import jax
-
-    from jaxcore.cli import UserError
-    from jaxcore.convert import save_hf
     from jaxcore.es_trainer import EggrollAlgorithm
-    from jaxcore.model_checkpoint import load_any
-    from jaxcore.sharding import maybe_initialize_distributed
-    from jaxcore.tokenization import eos_token_ids, load_tokenizer
-    from jaxcore.train import Runner, make_task
+    from jaxcore.train import run_training
 
-    d = cfg.distributed
-    if d.coordinator:
-        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
-    task = make_task(cfg.task)
-    if not cfg.model.path:
-        raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
-    model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat)
-    if tok_dir is None:
-        raise UserError(f"{cfg.model.path}: no tokenizer files")
-    tokenizer = load_tokenizer(tok_dir)
-    eos = eos_token_ids(tokenizer, model.config.hf_config)
-    try:
-        algorithm = EggrollAlgorithm(model, tokenizer, cfg, eos_token_ids=eos)
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume)
-    if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
-        summary["final_hf"] = str(save_hf(model, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
-    return summary
+    return run_training(cfg, lambda model, tokenizer, eos: EggrollAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
+                        resume)

@@ -1,0 +1,241 @@
+"""`jaxcore grpo` on the shared runtime: TRL metric names, exact resume, no reference model at beta = 0,
+NaN steps skipped, one-line config errors, and learning on the demo's warm-started addition model."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxcore import grpo_trainer
+from jaxcore.cli import main
+from jaxcore.config import load_config
+from jaxcore.convert import read_safetensors
+from jaxcore.rewards import Scorer, get_task
+from jaxcore.train import epoch_seed
+from jaxcore.train_config import GRPOConfig
+
+# 4 prompts x 4 completions = 16 rows: two per simulated device.
+TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.prompts_per_epoch=4",
+            "rollout.generations_per_prompt=4", "rollout.max_new_tokens=3", "optimizer.learning_rate=0.01",
+            "train.eval_prompts=8", "train.progress=false", "train.tensorboard=false"]
+TRL_METRICS = ("reward", "reward_std", "rewards/exact_match/mean", "rewards/exact_match/std",
+               "rewards/digit_match/mean", "rewards/digit_match/std", "frac_reward_zero_std",
+               "completions/mean_length", "completions/clipped_ratio", "kl", "entropy", "clip_ratio/low_mean",
+               "clip_ratio/high_mean", "clip_ratio/region_mean", "step_time", "num_tokens", "loss", "grad_norm",
+               "learning_rate")
+
+
+def grpo_args(model, out, *extra) -> list[str]:
+    return [f"model.path={model}", f"train.out_dir={out}", *TINY_RUN, *extra]
+
+
+def run_cli(capsys, *args) -> tuple[int, list[str]]:
+    capsys.readouterr()
+    code = main(["grpo", *map(str, args)])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def host_state(algorithm) -> list[np.ndarray]:
+    """The learner's step, parameters and optimizer state, on the host."""
+    return [np.asarray(x) for x in jax.tree.leaves(algorithm.learner.state)]
+
+
+def build(model_path, *overrides):
+    """A GRPOAlgorithm, its tokenizer and task, from the same loaders the CLI uses."""
+    from jaxcore.model_checkpoint import load_any
+    from jaxcore.tokenization import eos_token_ids, load_tokenizer
+
+    cfg = load_config(GRPOConfig, None, grpo_args(model_path, "unused", *overrides))
+    model, tok_dir = load_any(model_path)
+    tokenizer = load_tokenizer(tok_dir)
+    eos = eos_token_ids(tokenizer, model.config.hf_config)
+    return grpo_trainer.GRPOAlgorithm(model, tokenizer, cfg, eos_token_ids=eos), cfg
+
+
+@pytest.fixture(scope="module")
+def warm(tiny_dir, tmp_path_factory) -> dict[str, Path]:
+    """The demo's model: a tiny Llama warm-started on 2-digit addition by `jaxcore.demo.warm_start`,
+    saved as HF ("hf") and as a jaxcore checkpoint ("ckpt", what configs/grpo_addition.yaml's
+    runs/demo/warm_ckpt holds). A random model scores 0 everywhere, so GRPO would have no signal."""
+    import jaxcore
+    from jaxcore.demo import DemoConfig, warm_start
+    from jaxcore.model_checkpoint import save_model
+    from jaxcore.tokenization import load_tokenizer
+
+    base, out = tiny_dir("llama"), tmp_path_factory.mktemp("warm")
+    model = jaxcore.load_hf(base)
+    warm_start(model, load_tokenizer(base), get_task("addition", digits=2), DemoConfig())
+    return {"hf": jaxcore.save_hf(model, out / "warm_hf", tokenizer_dir=base),
+            "ckpt": save_model(model, out / "warm_ckpt", tokenizer_dir=base)}
+
+
+# --------------------------------------------------------------------------- the CLI and its metrics
+
+
+def test_cli_run_logs_trl_metrics_and_exports(warm, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _ = run_cli(capsys, *grpo_args(warm["hf"], out, "train.epochs=2", "train.eval_every=1",
+                                         "grpo.beta=0.04", "grpo.num_iterations=2",
+                                         "grpo.gradient_accumulation_steps=2"))
+    assert code == 0
+    rows = records(out)
+    assert [r["step"] for r in rows] == [0, 1, 2] and "eval/reward" in rows[0]
+    for row in rows[1:]:
+        missing = [k for k in TRL_METRICS if k not in row]
+        assert not missing, missing
+        assert row["skipped"] is False and np.isfinite(row["loss"]) and row["kl"] >= 0
+    assert rows[2]["num_tokens"] > rows[1]["num_tokens"] > 0                # a running total, as in TRL
+    assert (out / "final_hf" / "config.json").is_file() and (out / "reward.png").is_file()
+
+
+def test_straight_run_equals_resumed_run(warm, tmp_path, capsys):
+    model = warm["hf"]
+    common = ["train.eval_every=0", "train.checkpoint_every=1", "grpo.num_iterations=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run_cli(capsys, *grpo_args(model, straight, "train.epochs=4", *common))[0] == 0
+    assert run_cli(capsys, *grpo_args(model, resumed, "train.epochs=2", *common))[0] == 0
+    assert run_cli(capsys, "--resume", *grpo_args(model, resumed, "train.epochs=4", *common))[0] == 0
+    a, b, start = read_safetensors(straight / "final_hf"), read_safetensors(resumed / "final_hf"), \
+        read_safetensors(model)
+    assert any(not np.array_equal(a[k], start[k]) for k in a)
+    for key in a:
+        np.testing.assert_array_equal(b[key], a[key], err_msg=key)
+    for x, y in zip(records(straight), records(resumed), strict=True):
+        assert x["step"] == y["step"] and x["loss"] == y["loss"] and x["num_tokens"] == y["num_tokens"]
+    code, err = run_cli(capsys, *grpo_args(model, resumed, "train.epochs=4", *common))     # no --resume
+    assert code == 2 and len(err) == 1 and "already holds checkpoints: pass --resume" in err[0]
+
+
+def examples_for(cfg: GRPOConfig, epoch: int = 0) -> list:
+    return get_task("addition").examples("train", cfg.rollout.prompts_per_epoch, epoch_seed(cfg.train.seed, epoch))
+
+
+def test_old_logp_from_the_rollout_match_the_learner_forward(warm):
+    """mu > 1 at temperature 1: the rollout's log-probs, aligned to the loss positions, equal the learner's."""
+    algorithm, cfg = build(warm["hf"], "grpo.num_iterations=2")
+    ids, mask = algorithm.encode(examples_for(cfg))
+    result = algorithm.rollout(0, ids, mask)
+    advantages = np.zeros(cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt)
+    batch = algorithm.make_batch(ids, mask, result, advantages)
+    forward = algorithm.learner.prepare(batch.replace(old_logp_BL=None)).old_logp_BL
+    active = np.asarray(batch.completion_mask_BL, bool)
+    assert active.sum() > 0
+    np.testing.assert_allclose(np.asarray(batch.old_logp_BL)[active], np.asarray(forward)[active], atol=1e-5)
+    # at another temperature (or mu = 1) nothing is taken from the rollout
+    for override in ("rollout.temperature=0.7", "grpo.num_iterations=1"):
+        other, _ = build(warm["hf"], "grpo.num_iterations=2", override)
+        assert other.make_batch(ids, mask, result, advantages).old_logp_BL is None
+
+
+def test_fsdp_axis_shards_parameters_and_trains(warm):
+    algorithm, cfg = build(warm["hf"], "grpo.fsdp=2")
+    assert dict(algorithm.mesh.shape) == {"data": 4, "fsdp": 2}
+    assert any("fsdp" in str(x.sharding.spec) for x in jax.tree.leaves(algorithm.learner.state.params))
+    task = get_task("addition", digit_match_weight=1.0)
+    with Scorer(task.reward_fns, task.reward_weights) as scorer:
+        result = algorithm.train_step(0, examples_for(cfg), scorer)
+    assert not result.skipped and np.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
+
+
+# --------------------------------------------------------------------------- reference model, NaNs, bad input
+
+
+def test_beta_zero_never_loads_a_reference_model(tiny_dir, monkeypatch):
+    loads = []
+
+    def fake_load(path, *args, **kwargs):
+        loads.append(path)
+        from jaxcore.model_checkpoint import load_any
+        return load_any(path, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_trainer, "load_any", fake_load)
+    path = tiny_dir("llama")
+    algorithm, _ = build(path, "grpo.beta=0.0", f"grpo.ref_model_path={path}")
+    assert algorithm.learner.ref is None and loads == []
+    algorithm, _ = build(path, "grpo.beta=0.04", f"grpo.ref_model_path={path}")
+    assert algorithm.learner.ref is not None and loads == [str(path)]
+
+
+def test_non_finite_loss_skips_the_step_and_applies_nothing(warm, monkeypatch):
+    algorithm, cfg = build(warm["hf"])
+    task = get_task("addition", digit_match_weight=1.0)
+    examples = examples_for(cfg)
+    before = host_state(algorithm)
+    real = grpo_trainer.compute_advantages
+    monkeypatch.setattr(grpo_trainer, "compute_advantages", lambda *a: real(*a) * np.nan)
+    with Scorer(task.reward_fns, task.reward_weights) as scorer:
+        result = algorithm.train_step(0, examples, scorer)
+        assert result.skipped and "non-finite" in result.reason and not np.isfinite(result.metrics["loss"])
+        for x, y in zip(host_state(algorithm), before, strict=True):
+            np.testing.assert_array_equal(x, y)
+        monkeypatch.setattr(grpo_trainer, "compute_advantages", real)
+        result = algorithm.train_step(0, examples, scorer)
+    assert not result.skipped
+    assert any(not np.array_equal(x, y) for x, y in zip(host_state(algorithm), before))
+
+
+def test_relative_checkpoint_path_loads(warm, tmp_path, monkeypatch):
+    """configs/grpo_addition.yaml names a relative jaxcore checkpoint (runs/demo/warm_ckpt)."""
+    from jaxcore.model_checkpoint import load_any, save_model
+
+    monkeypatch.chdir(tmp_path)
+    model, tok_dir = load_any(warm["ckpt"])
+    save_model(model, Path("runs/demo/warm_ckpt"), tokenizer_dir=tok_dir)
+    assert load_any("runs/demo/warm_ckpt")[1] is not None
+
+
+def test_rewards_no_function_scored_are_left_out_of_the_advantages():
+    from jaxcore.rewards import ScoreResult
+
+    nan = np.nan
+    scores = ScoreResult(np.array([1.0, 0.0, 0.0, 0.5], np.float32),
+                         {"a": np.array([1.0, nan, nan, 0.5]), "b": np.array([nan, nan, 0.0, nan])}, {"a": 0, "b": 0})
+    rewards = grpo_trainer.advantage_rewards(scores, fallback=0.0)
+    np.testing.assert_array_equal(rewards, [1.0, nan, 0.0, 0.5])
+    np.testing.assert_allclose(np.asarray(grpo_trainer.compute_advantages(rewards, 2, "none")), [0, 0, -0.25, 0.25])
+    failed = ScoreResult(scores.rewards_B, scores.per_function, {"a": 1, "b": 0})
+    np.testing.assert_array_equal(grpo_trainer.advantage_rewards(failed, fallback=0.0), scores.rewards_B)
+    np.testing.assert_array_equal(grpo_trainer.advantage_rewards(failed, fallback=None), rewards)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("grpo.betaa=0.1", "unknown config key grpo.betaa"),
+    ("grpo.beta=abc", "grpo.beta: expected a number, got 'abc'"),
+    ("grpo.loss_type=ppo", "unknown loss_type 'ppo'"),
+    ("rollout.generations_per_prompt=1", "generations_per_prompt must be >= 2"),
+    ("rollout.temperature=0", "temperature must be > 0"),
+    ("optimizer.name=sgd", "GRPO trains with AdamW"),
+    ("rollout.prompts_per_epoch=3", "must be a multiple of 8 devices"),
+    ("grpo.fsdp=3", "do not multiply to the 8 available devices"),
+])
+def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected):
+    code, err = run_cli(capsys, *grpo_args(tiny_dir("llama"), tmp_path / "out", override))
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def test_train_reward_rises_on_the_warm_started_model(warm, tmp_path):
+    """30 epochs (~10 s). Seen on 2 CPU cores, seed 0: train reward (mean of the first vs the last 5 epochs)
+    0.82 -> 0.97 and held-out 1.08 -> 1.24; over seeds 0-4 the train gain was 0.11-0.18."""
+    from jaxcore.commands.grpo import train_grpo
+
+    out = tmp_path / "learn"
+    cfg = load_config(GRPOConfig, None, grpo_args(warm["ckpt"], out, "rollout.prompts_per_epoch=32",
+                                                  "rollout.generations_per_prompt=8", "rollout.max_new_tokens=4",
+                                                  "optimizer.learning_rate=5e-4", "train.epochs=30", "train.seed=0",
+                                                  "train.eval_every=30", "train.eval_prompts=128",
+                                                  "train.checkpoint_every=0", "train.export_hf=false"))
+    summary = train_grpo(cfg)
+    rewards = [r["reward"] for r in records(out) if "reward" in r]
+    print("train reward per epoch:", np.round(rewards, 3), "held-out:", summary["eval_reward_before"], "->",
+          summary["eval_reward_after"])
+    assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.07
+    assert summary["eval_reward_after"] > summary["eval_reward_before"] + 0.05
