@@ -27,7 +27,7 @@ Array = jax.Array
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Preallocated keys/values, one [B, S, K, E] array per layer, plus which slots hold real tokens."""
+    """Preallocated keys/values, one [B, K, S, E] array per layer, plus which slots hold real tokens."""
 
     keys: list[Array]
     values: list[Array]
@@ -35,7 +35,7 @@ class KVCache:
 
     @classmethod
     def create(cls, config: ModelConfig, batch: int, length: int, dtype: Any) -> KVCache:
-        shape = (batch, length, config.num_kv_heads, config.head_dim)
+        shape = (batch, config.num_kv_heads, length, config.head_dim)
         return cls(
             keys=[jnp.zeros(shape, dtype) for _ in range(config.num_layers)],
             values=[jnp.zeros(shape, dtype) for _ in range(config.num_layers)],
@@ -85,6 +85,21 @@ def apply_rope(x_BTHE: Array, positions_BT: Array, inv_freq: np.ndarray) -> Arra
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos + rotated * sin).astype(x_BTHE.dtype)
+
+
+def single_query_attention(q_B1HE: Array, k_BKSE: Array, v_BKSE: Array, mask_B1S: Array, scale: float) -> Array:
+    """Attention for one new token per row (a decode step), equal to `jax.nn.dot_product_attention`.
+
+    GEMMs batched over (row, kv-head) on the cache's [B, K, S, E] layout, with the query heads of a
+    group as rows: no transpose of the cache per step. Logits and softmax in float32.
+    """
+    b, _, h, e = q_B1HE.shape
+    kv_heads = k_BKSE.shape[1]
+    q_BKGE = q_B1HE.reshape(b, kv_heads, h // kv_heads, e)
+    logits_BKGS = jnp.einsum("bkge,bkse->bkgs", q_BKGE, k_BKSE, preferred_element_type=jnp.float32) * scale
+    logits_BKGS = jnp.where(mask_B1S[:, :, None, :], logits_BKGS, jnp.finfo(jnp.float32).min)
+    probs_BKGS = jax.nn.softmax(logits_BKGS, axis=-1).astype(v_BKSE.dtype)
+    return jnp.einsum("bkgs,bkse->bkge", probs_BKGS, v_BKSE).reshape(b, 1, h, e)
 
 
 def _param(value: Array) -> nnx.Param:
@@ -183,17 +198,22 @@ class Attention(nnx.Module):
             inv_freq = np.asarray(self.inv_freq, np.float32)
             q_BTHE = apply_rope(q_BTHE, positions_BT, inv_freq)
             k_BTKE = apply_rope(k_BTKE, positions_BT, inv_freq)
-        if cache_kv is not None:
-            k_cache, v_cache = cache_kv
-            start = (0, cache_index, 0, 0)
-            k_BSKE = jax.lax.dynamic_update_slice(k_cache, k_BTKE.astype(k_cache.dtype), start)
-            v_BSKE = jax.lax.dynamic_update_slice(v_cache, v_BTKE.astype(v_cache.dtype), start)
-            cache_kv = (k_BSKE, v_BSKE)
-            k_BTKE, v_BTKE = k_BSKE.astype(q_BTHE.dtype), v_BSKE.astype(q_BTHE.dtype)
-        out_BTHE = jax.nn.dot_product_attention(
-            q_BTHE, k_BTKE, v_BTKE, mask=mask_BTS[:, None, :, :],
-            scale=1.0 / math.sqrt(self.head_dim))
-        return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), cache_kv
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if cache_kv is None:
+            out_BTHE = jax.nn.dot_product_attention(q_BTHE, k_BTKE, v_BTKE, mask=mask_BTS[:, None, :, :],
+                                                    scale=scale)
+            return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), None
+        k_cache, v_cache = cache_kv                       # [B, K, S, E]: heads before slots
+        start = (0, 0, cache_index, 0)
+        k_BKSE = jax.lax.dynamic_update_slice(k_cache, k_BTKE.swapaxes(1, 2).astype(k_cache.dtype), start)
+        v_BKSE = jax.lax.dynamic_update_slice(v_cache, v_BTKE.swapaxes(1, 2).astype(v_cache.dtype), start)
+        keys, values = k_BKSE.astype(q_BTHE.dtype), v_BKSE.astype(q_BTHE.dtype)
+        if t == 1:
+            out_BTHE = single_query_attention(q_BTHE, keys, values, mask_BTS, scale)
+        else:
+            out_BTHE = jax.nn.dot_product_attention(q_BTHE, keys.swapaxes(1, 2), values.swapaxes(1, 2),
+                                                    mask=mask_BTS[:, None, :, :], scale=scale)
+        return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), (k_BKSE, v_BKSE)
 
 
 class Block(nnx.Module):

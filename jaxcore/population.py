@@ -31,7 +31,6 @@ Array = jax.Array
 
 
 _SIGNS_S = (1.0, -1.0)      # member 2p uses +noise, member 2p+1 uses -noise
-_ELEMENTWISE_MAX_RANK = 4
 
 
 def _by_pair(x: Array, pairs: int) -> Array:
@@ -61,15 +60,8 @@ class LowRankPerturbed:
 
     def __rmatmul__(self, x: Array) -> Array:
         y = x @ self.w
-        x_PSKI = _by_pair(x, self.a.shape[0])
-        if self.a.shape[-1] <= _ELEMENTWISE_MAX_RANK:
-            # Small rank: a multiply-reduce and a broadcast multiply-add, which XLA fuses into two
-            # kernels (the second one also adds y), instead of two batched GEMMs plus elementwise ops.
-            xa_PSKR = (x_PSKI[..., None] * self.a[:, None, None]).sum(-2)
-            delta_PSKO = (_signed(xa_PSKR)[..., None, :] * self.b[:, None, None]).sum(-1)
-        else:
-            xa_PSKR = jnp.einsum("pski,pir->pskr", x_PSKI, self.a)
-            delta_PSKO = jnp.einsum("pskr,por->psko", _signed(xa_PSKR), self.b)
+        xa_PSKR = jnp.einsum("pski,pir->pskr", _by_pair(x, self.a.shape[0]), self.a)
+        delta_PSKO = jnp.einsum("pskr,por->psko", _signed(xa_PSKR), self.b)
         return y + delta_PSKO.reshape(y.shape)
 
     def __getitem__(self, ids: Array) -> Array:
