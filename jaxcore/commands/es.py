@@ -13,6 +13,7 @@ Outputs under train.out_dir: metrics.jsonl, tensorboard/, checkpoints/, reward.p
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,11 +23,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.config import load_config
     from jaxcore.train_config import ESConfig
 
-    cfg = load_config(ESConfig, args.config, args.overrides)
-    summary = train_es(cfg, resume=args.resume)
+    return run_config_job(args, ESConfig, train_es)
+
+
+def run_config_job(args: argparse.Namespace, schema: type, train: Callable[..., dict]) -> int:
+    """Load `schema` from --config plus overrides, train, and print the held-out reward change."""
+    from jaxcore.config import load_config
+
+    cfg = load_config(schema, args.config, args.overrides)
+    summary = train(cfg, resume=args.resume)
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")
     return 0

@@ -19,18 +19,13 @@ from __future__ import annotations
 
 import argparse
 
-from jaxcore.commands.es import add_arguments  # noqa: F401  (same options: --config, --resume, overrides)
+from jaxcore.commands.es import add_arguments, run_config_job  # noqa: F401  (add_arguments: same options)
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.config import load_config
     from jaxcore.train_config import GRPOConfig
 
-    cfg = load_config(GRPOConfig, args.config, args.overrides)
-    summary = train_grpo(cfg, resume=args.resume)
-    print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
-          f" ({cfg.train.out_dir})")
-    return 0
+    return run_config_job(args, GRPOConfig, train_grpo)
 
 
 def train_grpo(cfg, resume: bool = False) -> dict:
