@@ -30,7 +30,7 @@ from jaxcore.checkpoint import TrainCheckpointer
 from jaxcore.config import to_dict
 from jaxcore.generate import generate
 from jaxcore.metrics import MetricsLogger, plot_rewards
-from jaxcore.rewards import Example, Scorer, get_task
+from jaxcore.rewards import Example, Scorer, TaskError, get_task
 from jaxcore.tokenization import decode_completions, encode_prompts
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def make_task(section: Any) -> Any:
     except TypeError as err:
         raise TaskConfigError(f"task {section.name!r}: {err}") from err
     except ValueError as err:
-        if isinstance(err, TaskConfigError) or type(err).__name__ == "TaskError":
+        if isinstance(err, (TaskConfigError, TaskError)):
             raise
         raise TaskConfigError(str(err)) from err
 

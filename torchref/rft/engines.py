@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jaxcore.convert import CheckpointError, read_hf_config
+from jaxcore.sampling import SamplingConfig
 from jaxcore.tokenization import decode_completions, eos_token_ids, load_tokenizer
 from torchref.rft.errors import RFTError
 from torchref.rft.prompts import PromptFormat, resolve_format
@@ -36,8 +37,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise RFTError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise RFTError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {self}")
+        try:                                   # the same checks as jaxcore's sampler, one source of truth
+            SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        except ValueError as err:
+            raise RFTError(str(err)) from err
 
 
 @dataclasses.dataclass
