@@ -127,6 +127,6 @@ class EggrollAlgorithm:
             return StepResult(metrics, skipped=True, reason="non-finite fitness")
         shaping = "none" if es.shaping == "group_zscore" else es.shaping    # group shaping already applied
         self.opt_state, update = eggroll.es_step(self.model, self.plan, self.optimizer, self.opt_state, epoch,
-                                                 fitness_N, shaping)
+                                                 fitness_N, shaping, donate_params=True)
         metrics["grad_norm"] = update["grad_norm"]
         return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "")

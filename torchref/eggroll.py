@@ -113,11 +113,12 @@ def shape_fitness(fitness_N: torch.Tensor, mode: str = "zscore", group_size: int
     raise ValueError(f"unknown fitness shaping {mode!r}")
 
 
-def es_gradient(pair_factors: dict[str, Any], shaped_N: torch.Tensor, sigma: float, rank: int,
+def es_gradient(pair_factors: dict[str, Any], shaped_N: torch.Tensor, rank: int,
                 matrix_rows: dict[str, int]) -> dict[str, torch.Tensor]:
     """g per jaxcore path from unscaled pair noise (AB [P, I+O, r] or eps [P, ...]) and shaped fitness.
 
-    g = (1/N) sum_i f_i sign_i (sigma/sqrt(r)) A_i B_i^T for matrices; (1/N) sum_i f_i sign_i sigma eps_i else.
+    g = (1/N) sum_i f_i sign_i A_i B_i^T / sqrt(r) for matrices; (1/N) sum_i f_i sign_i eps_i else (unit-variance
+    noise, no sigma: an SGD learning rate is Qiu et al.'s alpha).
     """
     n = shaped_N.shape[0]
     diff_P = shaped_N[0::2] - shaped_N[1::2]
@@ -127,10 +128,10 @@ def es_gradient(pair_factors: dict[str, Any], shaped_N: torch.Tensor, sigma: flo
         if path in matrix_rows:
             rows = matrix_rows[path]
             a_PIR, b_POR = raw_t[:, :rows], raw_t[:, rows:]
-            coeff = diff_P * sigma / rank ** 0.5 / n
+            coeff = diff_P / (rank ** 0.5 * n)
             grads[path] = torch.einsum("p,pir,por->io", coeff, a_PIR, b_POR)
         else:
-            grads[path] = torch.tensordot(diff_P * sigma / n, raw_t, dims=1)
+            grads[path] = torch.tensordot(diff_P / n, raw_t, dims=1)
     return grads
 
 
