@@ -102,7 +102,7 @@ def test_kl_term_by_hand():
     # ref - logp = ln 2, 0 on row 0 and -ln 2 on row 1: k3 = 2 - ln 2 - 1, 0, 0.5 + ln 2 - 1
     ref = LOGP + jnp.asarray([[math.log(2.0), 0.0, 5.0], [-math.log(2.0), 5.0, 5.0]])
     kl = [2 - math.log(2) - 1, 0.0, 0.5 + math.log(2) - 1]
-    cfg = GRPOLossConfig(loss_type="grpo", beta=0.1)
+    cfg = GRPOLossConfig(loss_type="grpo", beta=0.1, use_bias_correction_kl=False)
     loss, metrics = grpo_loss(LOGP, OLD, ref, ADV, MASK, cfg)
     expected = ((-1.2 + 0.1 * kl[0] - 0.9 + 0.1 * kl[1]) / 2 + (0.8 + 0.1 * kl[2])) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
