@@ -7,13 +7,14 @@ t + 1. `completion_mask_BL` is 1 where token t + 1 is a completion token to trai
 
     learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(beta=0.04), mesh=make_mesh())   # grpo_learner
     batch = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, eos_ids)
-    metrics = learner.train_on_rollout(batch)     # num_iterations optimiser steps on one rollout
+    metrics = learner.train_on_rollout(batch)     # num_iterations passes over one rollout
 
 Gradient accumulation splits the batch into `gradient_accumulation_steps` strided micro-batches
 (micro-batch k holds rows k, k + n, k + 2n, ...; this keeps every micro-batch evenly spread over
-the data-sharded devices) and runs them in one `lax.scan`. As in TRL, grpo/bnpo/dr_grpo average the
-micro-batch losses and dapo divides every micro-batch's token sum by the token count of the whole
-batch. Normalisers are global over devices, so a sharded step equals the one-device step.
+the data-sharded devices) and runs them in one `lax.scan`. As in TRL, grpo/bnpo/dr_grpo/sapo/luspo
+average the micro-batch losses (and every type averages the entropy bonus), while dapo/cispo/vespo
+divide every micro-batch's token sum by the token count of the whole step. Normalisers are global
+over devices, so a sharded step equals the one-device step.
 The learner (optimiser, reference model, steps per generation, LoRA) is `jaxcore.grpo_learner`.
 """
 
