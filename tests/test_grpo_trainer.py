@@ -214,6 +214,11 @@ def test_rewards_no_function_scored_are_left_out_of_the_advantages():
     ("optimizer.name=sgd", "GRPO trains with AdamW"),
     ("rollout.prompts_per_epoch=3", "must be a multiple of 8 devices"),
     ("grpo.fsdp=3", "do not multiply to the 8 available devices"),
+    ("grpo.importance_sampling_level=group", "importance_sampling_level must be token or sequence"),
+    ("grpo.sync_ref_model=true", "sync_ref_model needs beta != 0"),
+    ("grpo.steps_per_generation=4", "must be a multiple of 8 devices x 4 micro-batches"),
+    ("grpo.lora.target_modules=[qq_proj]", "lora.target_modules ['qq_proj'] match no module"),
+    ("grpo.lora.export=zip", "grpo.lora.export=zip"),
 ])
 def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected):
     code, err = run_cli(capsys, *grpo_args(tiny_dir("llama"), tmp_path / "out", override))
