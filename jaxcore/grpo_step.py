@@ -5,15 +5,17 @@ right-padded completion, `attention_mask_BT` marks real tokens, and every per-to
 L = T - 1 positions aligned with `jaxcore.logprobs.completion_logprobs`: position t scores token
 t + 1. `completion_mask_BL` is 1 where token t + 1 is a completion token to train on.
 
-    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(beta=0.04), mesh=make_mesh())
+    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(beta=0.04), mesh=make_mesh())   # grpo_learner
     batch = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, eos_ids)
-    metrics = learner.train_on_rollout(batch)     # num_iterations optimiser steps on one rollout
+    metrics = learner.train_on_rollout(batch)     # num_iterations passes over one rollout
 
 Gradient accumulation splits the batch into `gradient_accumulation_steps` strided micro-batches
 (micro-batch k holds rows k, k + n, k + 2n, ...; this keeps every micro-batch evenly spread over
-the data-sharded devices) and runs them in one `lax.scan`. As in TRL, grpo/bnpo/dr_grpo average the
-micro-batch losses and dapo divides every micro-batch's token sum by the token count of the whole
-batch. Normalisers are global over devices, so a sharded step equals the one-device step.
+the data-sharded devices) and runs them in one `lax.scan`. As in TRL, grpo/bnpo/dr_grpo/sapo/luspo
+average the micro-batch losses (and every type averages the entropy bonus), while dapo/cispo/vespo
+divide every micro-batch's token sum by the token count of the whole step. Normalisers are global
+over devices, so a sharded step equals the one-device step.
+The learner (optimiser, reference model, steps per generation, LoRA) is `jaxcore.grpo_learner`.
 """
 
 from __future__ import annotations
@@ -28,17 +30,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jaxcore.grpo import GRPOLossConfig, grpo_loss, masked_mean
 from jaxcore.logprobs import token_entropy, token_logprobs
+from jaxcore.lora import LoRAConfig
 from jaxcore.model import Transformer
-from jaxcore.sharding import fsdp_shardings, replicated
+from jaxcore.optim import lr_schedule
 
 Array = jax.Array
 Params = dict[str, Any]                    # nnx.to_pure_dict of the model's nnx.Param state
 BATCH_AXES = ("data", "fsdp")              # mesh axes the batch is split over (those present)
+SCHEDULES = ("linear", "cosine", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,29 +48,54 @@ class GRPOTrainConfig(GRPOLossConfig):
     """Loss settings plus the optimiser and step settings (TRL/HF names and defaults)."""
 
     learning_rate: float = 1e-6
-    lr_schedule: str = "constant"           # "constant" | "cosine" (to 0 at total_steps), after warmup
+    lr_schedule: str = "linear"             # TRL's lr_scheduler_type: "linear" (to 0) | "cosine" | "constant"
     warmup_steps: int = 0                   # linear warmup from 0
-    total_steps: int = 1000                 # horizon of the cosine schedule
+    total_steps: int = 1000                 # horizon of the linear/cosine decay (optimiser steps)
     weight_decay: float = 0.0               # decoupled (AdamW); matrices only, as HF skips biases/norms
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0              # global-norm clipping; <= 0 disables
     gradient_accumulation_steps: int = 1
-    num_iterations: int = 1                 # mu: optimiser steps per rollout, reusing stored old_logp
+    steps_per_generation: int | None = None  # micro-batches per rollout (None: gradient_accumulation_steps)
+    num_iterations: int = 1                 # mu: passes over each rollout, reusing stored old_logp
     mask_truncated_completions: bool = False
     temperature: float = 1.0                # logits / temperature before log-softmax, as in TRL
+    sync_ref_model: bool = False            # TR-DPO: every ref_model_sync_steps, ref = a * policy + (1 - a) * ref
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    lora: LoRAConfig | None = None          # train only low-rank adapters on the frozen base
+    seed: int = 0                           # LoRA initialisation and dropout
     compute_dtype: str | None = None        # e.g. "bfloat16"; None keeps the model's (params stay fp32)
     remat: bool | None = None               # rematerialise each block in the backward; None keeps the model's
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; expected constant or cosine")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; expected {', '.join(SCHEDULES)}")
         if self.gradient_accumulation_steps < 1 or self.num_iterations < 1:
             raise ValueError("gradient_accumulation_steps and num_iterations must be >= 1")
+        if self.generation_steps % self.gradient_accumulation_steps:
+            raise ValueError(f"steps_per_generation={self.generation_steps} must be a multiple of "
+                             f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0")
+        if self.sync_ref_model and self.beta == 0.0:
+            raise ValueError("sync_ref_model needs beta != 0 (with beta = 0 there is no reference model)")
+        if self.sync_ref_model and self.lora is not None:
+            raise ValueError("sync_ref_model is not supported with LoRA (the reference is the frozen base)")
+        if self.sync_ref_model and (self.ref_model_sync_steps < 1 or not 0.0 <= self.ref_model_mixup_alpha <= 1.0):
+            raise ValueError("ref_model_sync_steps must be >= 1 and ref_model_mixup_alpha in [0, 1]")
+
+    @property
+    def generation_steps(self) -> int:
+        """TRL's steps_per_generation: micro-batches one rollout is split into."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimiser steps per pass over one rollout."""
+        return self.generation_steps // self.gradient_accumulation_steps
 
 
 @jax.tree_util.register_dataclass
@@ -133,35 +160,13 @@ def rollout_metrics(batch: GRPOBatch) -> dict[str, float]:
             "rollout_tokens": float(np.asarray(batch.attention_mask_BT).sum())}
 
 
-# ----------------------------------------------------------------------------- optimiser
-
-
-def make_schedule(cfg: GRPOTrainConfig) -> optax.Schedule:
-    """Linear warmup from 0 to `learning_rate`, then constant or cosine decay to 0 at `total_steps`."""
-    if cfg.lr_schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, cfg.warmup_steps,
-                                                  max(cfg.total_steps, cfg.warmup_steps + 1), 0.0)
-    if cfg.warmup_steps == 0:
-        return optax.constant_schedule(cfg.learning_rate)
-    return optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps),
-                                 optax.constant_schedule(cfg.learning_rate)], [cfg.warmup_steps])
-
-
-def make_optimizer(cfg: GRPOTrainConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW (weight decay on matrices only)."""
-    adamw = optax.adamw(make_schedule(cfg), b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
-                        weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
-    if cfg.max_grad_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
-    return adamw
-
-
 # ----------------------------------------------------------------------------- loss of one batch
 
 
-def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Array, temperature: float = 1.0
-                 ) -> tuple[Array, Array]:
-    """Log-prob of every next token and the (non-differentiated) entropy there: two [B, T-1] arrays.
+def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Array, temperature: float = 1.0,
+                 entropy_grad: bool = False) -> tuple[Array, Array]:
+    """Log-prob of every next token and the entropy there (differentiated only with `entropy_grad`):
+    two [B, T-1] arrays.
 
     The [B, T, V] logits are never sliced (that would cost a copy forward and a pad backward): the
     last position scores a dummy target and is dropped from the small [B, T] results.
@@ -171,7 +176,7 @@ def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Arr
         logits_BTV = logits_BTV / temperature
     targets_BT = jnp.pad(input_ids_BT[:, 1:], ((0, 0), (0, 1)))
     logp_BT = token_logprobs(logits_BTV, targets_BT)
-    entropy_BT = token_entropy(jax.lax.stop_gradient(logits_BTV))
+    entropy_BT = token_entropy(logits_BTV if entropy_grad else jax.lax.stop_gradient(logits_BTV))
     return logp_BT[:, :-1], entropy_BT[:, :-1]
 
 
@@ -184,14 +189,16 @@ def loss_mask(batch: GRPOBatch, mask_truncated_completions: bool) -> Array:
 
 
 def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOTrainConfig,
-                    num_items_in_batch: Array | None = None) -> tuple[Array, dict[str, Array]]:
+                    num_items_in_batch: Array | None = None, accumulation_steps: int = 1
+                    ) -> tuple[Array, dict[str, Array]]:
     """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`."""
     mask_BL = loss_mask(batch, cfg.mask_truncated_completions)
-    logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.temperature)
+    logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.temperature,
+                                       entropy_grad=cfg.entropy_coef != 0.0)
     ref_logp_BL = batch.ref_logp_BL if cfg.beta != 0.0 else None
     loss, metrics = grpo_loss(logp_BL, batch.old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, cfg,
-                              num_items_in_batch)
-    metrics["entropy"] = masked_mean(entropy_BL, mask_BL)
+                              num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps)
+    metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)
     return loss, metrics
 
 
@@ -224,34 +231,40 @@ def _micro_batches(batch: GRPOBatch, n: int, sharding: jax.sharding.Sharding | N
     return jax.tree.map(split, batch)
 
 
-def make_train_step(graphdef: nnx.GraphDef, rest: nnx.State, cfg: GRPOTrainConfig,
-                    optimizer: optax.GradientTransformation,
+Builder = Callable[[Params, Any, Array | None], Transformer]   # (trainable, frozen, dropout key) -> model
+
+
+def make_train_step(build: Builder, cfg: GRPOTrainConfig, optimizer: optax.GradientTransformation,
                     micro_batch_sharding: jax.sharding.Sharding | None = None
-                    ) -> Callable[[TrainState, GRPOBatch], tuple[TrainState, dict[str, Array]]]:
-    """The un-jitted step: accumulate gradients over micro-batches, clip, AdamW-update (skipped if non-finite)."""
+                    ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
+    """The un-jitted step(state, frozen, batch, num_items, key): accumulate gradients over micro-batches,
+    clip, AdamW-update (skipped if non-finite). `num_items` is the dapo/cispo/vespo normaliser of the step
+    (TRL: the rollout's active tokens / optimiser steps per rollout); `key` feeds LoRA dropout."""
     n = cfg.gradient_accumulation_steps
-    weight = 1.0 if cfg.loss_type == "dapo" else 1.0 / n      # dapo already divides by the global count
     schedule = make_schedule(cfg)
 
-    def micro_loss(params: Params, micro: GRPOBatch, num_items: Array) -> tuple[Array, dict[str, Array]]:
-        loss, metrics = batch_objective(nnx.merge(graphdef, params, rest), micro, cfg, num_items)
-        return loss * weight, metrics
+    def micro_loss(params: Params, frozen: Any, micro: GRPOBatch, num_items: Array, key: Array | None
+                   ) -> tuple[Array, dict[str, Array]]:
+        return batch_objective(build(params, frozen, key), micro, cfg, num_items, n)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def step(state: TrainState, batch: GRPOBatch) -> tuple[TrainState, dict[str, Array]]:
-        num_items = loss_mask(batch, cfg.mask_truncated_completions).sum().astype(jnp.float32)
-
-        def accumulate(grads: Params, micro: GRPOBatch) -> tuple[Params, tuple[Array, dict[str, Array]]]:
-            (loss, metrics), g = grad_fn(state.params, micro, num_items)
+    def step(state: TrainState, frozen: Any, batch: GRPOBatch, num_items: Array, key: Array | None
+             ) -> tuple[TrainState, dict[str, Array]]:
+        def accumulate(grads: Params, micro_k: tuple[GRPOBatch, Array]
+                       ) -> tuple[Params, tuple[Array, dict[str, Array]]]:
+            micro, k = micro_k
+            micro_key = None if key is None else jax.random.fold_in(key, k)
+            (loss, metrics), g = grad_fn(state.params, frozen, micro, num_items, micro_key)
             return jax.tree.map(jnp.add, grads, g), (loss, metrics)
 
         if n == 1:     # no accumulation buffer, no loop
-            (loss, metrics), grads = grad_fn(state.params, batch, num_items)
+            (loss, metrics), grads = grad_fn(state.params, frozen, batch, num_items, key)
             losses, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
         else:
             zeros = jax.tree.map(jnp.zeros_like, state.params)
-            grads, (losses, metrics) = jax.lax.scan(accumulate, zeros, _micro_batches(batch, n, micro_batch_sharding))
+            micros = (_micro_batches(batch, n, micro_batch_sharding), jnp.arange(n))
+            grads, (losses, metrics) = jax.lax.scan(accumulate, zeros, micros)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {k: v.mean() for k, v in metrics.items()}   # TRL averages per-micro-batch metrics
@@ -265,105 +278,19 @@ def make_train_step(graphdef: nnx.GraphDef, rest: nnx.State, cfg: GRPOTrainConfi
     return step
 
 
-# ----------------------------------------------------------------------------- the learner
+# ----------------------------------------------------------------------------- optimiser
 
 
-def configure_model(model: Transformer, compute_dtype: str | None, remat: bool | None) -> Transformer:
-    """A view of `model` (sharing its arrays) with another compute dtype and/or remat setting."""
-    copy = nnx.merge(*nnx.split(model))
-    if compute_dtype is not None:
-        copy.dtype = jnp.dtype(compute_dtype)
-    if remat is not None:
-        copy.remat = remat
-    return copy
+def make_schedule(cfg: GRPOTrainConfig) -> optax.Schedule:
+    """HF's schedules: linear warmup from 0 to `learning_rate`, then linear/cosine decay to 0 at
+    `total_steps`, or constant."""
+    return lr_schedule(cfg.lr_schedule, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps)
 
 
-RefModel = Transformer | Callable[[], Transformer] | None
-
-
-class GRPOLearner:
-    """Holds the policy's train state (and, only when beta != 0, frozen reference parameters).
-
-    `model`'s compute dtype and `remat` flag apply unless `cfg.compute_dtype` / `cfg.remat` override them;
-    parameters stay in their (fp32) dtype and are what the optimiser updates.
-    `ref_model` (a model or a zero-argument loader) is touched only when `cfg.beta != 0`; by
-    default the reference is a frozen copy of the initial policy. With a `mesh`, the batch is split
-    over its "data"/"fsdp" axes and parameters (and Adam moments) are FSDP-sharded over "fsdp".
-    """
-
-    def __init__(self, model: Transformer, cfg: GRPOTrainConfig, *, mesh: Mesh | None = None,
-                 ref_model: RefModel = None, fsdp_min_size: int = 2**14):
-        self.cfg, self.mesh = cfg, mesh
-        model = configure_model(model, cfg.compute_dtype, cfg.remat)
-        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-        params = nnx.to_pure_dict(params)
-        self.optimizer = make_optimizer(cfg)
-        self.batch_axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.axis_names)
-        micro_sharding = None
-        if mesh is not None:
-            micro_sharding = NamedSharding(mesh, P(None, self.batch_axes))
-            param_shardings = (fsdp_shardings(params, mesh, "fsdp", fsdp_min_size) if "fsdp" in mesh.axis_names
-                               else jax.tree.map(lambda _: replicated(mesh), params))
-            params = jax.device_put(params, param_shardings)
-        opt_state = jax.jit(self.optimizer.init)(params)
-        if mesh is not None:   # moments follow the params' sharding; step counters start on one device
-            opt_state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else
-                                     jax.device_put(x, replicated(mesh)), opt_state)
-        step0 = jnp.zeros((), jnp.int32) if mesh is None else jax.device_put(jnp.zeros((), jnp.int32),
-                                                                             replicated(mesh))
-        self.state = TrainState(step0, params, opt_state)
-        state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh is not None else None
-        step = make_train_step(self.graphdef, self.rest, cfg, self.optimizer, micro_sharding)
-        self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
-        self._score = jax.jit(self._score_fn, static_argnums=0)
-        self.ref = self._init_ref(ref_model, params) if cfg.beta != 0.0 else None
-
-    def _init_ref(self, ref_model: RefModel, params: Params) -> tuple[nnx.GraphDef, Params, nnx.State]:
-        if ref_model is None:
-            return self.graphdef, jax.tree.map(jnp.copy, params), self.rest
-        model = ref_model if isinstance(ref_model, Transformer) else ref_model()
-        graphdef, ref_params, rest = nnx.split(model, nnx.Param, ...)
-        ref_params = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), nnx.to_pure_dict(ref_params), params)
-        return graphdef, ref_params, rest
-
-    def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, input_ids_BT: Array,
-                  attention_mask_BT: Array) -> Array:
-        model = nnx.merge(graphdef, params, rest)
-        return policy_logps(model, input_ids_BT, attention_mask_BT, self.cfg.temperature)[0]
-
-    @property
-    def model(self) -> Transformer:
-        """The current policy as an NNX module sharing the train state's arrays (which the next `step`
-        donates: take a fresh `model` after every step, e.g. for the next rollout)."""
-        return nnx.merge(self.graphdef, self.state.params, self.rest)
-
-    def shard(self, batch: GRPOBatch) -> GRPOBatch:
-        """Place a host batch on the mesh (split over the batch axes), or on the default device."""
-        n, b = self.cfg.gradient_accumulation_steps, np.shape(batch.advantages_B)[0]
-        shards = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in self.batch_axes]))
-        if b % (n * shards):
-            raise ValueError(f"batch of {b} does not split into {n} micro-batches over {shards} devices")
-        if self.mesh is None:
-            return jax.tree.map(jnp.asarray, batch)
-        return jax.device_put(batch, NamedSharding(self.mesh, P(self.batch_axes)))
-
-    def prepare(self, batch: GRPOBatch) -> GRPOBatch:
-        """Shard the batch and add what the loss needs: old log-probs (mu > 1), reference log-probs (beta)."""
-        batch = self.shard(batch)
-        ids, mask = batch.input_ids_BT, batch.attention_mask_BT
-        if self.cfg.num_iterations > 1 and batch.old_logp_BL is None:
-            batch = batch.replace(old_logp_BL=self._score(self.graphdef, self.state.params, self.rest, ids, mask))
-        if self.ref is not None and batch.ref_logp_BL is None:
-            graphdef, params, rest = self.ref
-            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask))
-        return batch
-
-    def step(self, batch: GRPOBatch) -> dict[str, float]:
-        """One optimiser step on a prepared batch; returns host metrics."""
-        self.state, metrics = self._step(self.state, batch)
-        return {k: float(v) for k, v in metrics.items()}
-
-    def train_on_rollout(self, batch: GRPOBatch) -> list[dict[str, float]]:
-        """`num_iterations` optimiser steps on one rollout (old log-probs stored before the first)."""
-        batch = self.prepare(batch)
-        return [self.step(batch) for _ in range(self.cfg.num_iterations)]
+def make_optimizer(cfg: GRPOTrainConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW (weight decay on matrices only)."""
+    adamw = optax.adamw(make_schedule(cfg), b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
+                        weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    if cfg.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+    return adamw

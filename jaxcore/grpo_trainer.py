@@ -13,6 +13,7 @@ else the learner's temperature-scaled forward at rollout time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -24,7 +25,10 @@ from jaxcore import sharding
 from jaxcore.es_trainer import allgather_sum, local_rows
 from jaxcore.generate import bucket_length, generate, pad_left
 from jaxcore.grpo import compute_advantages, reward_metrics
-from jaxcore.grpo_step import GRPOBatch, GRPOLearner, GRPOTrainConfig, TrainState, build_batch, rollout_metrics
+from jaxcore.grpo_learner import GRPOLearner
+from jaxcore.grpo_loss import GRPOLossConfig
+from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig, TrainState, build_batch, rollout_metrics
+from jaxcore.lora import LoRAConfig
 from jaxcore.model_checkpoint import load_any
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.tokenization import decode_completions, encode_prompts
@@ -34,7 +38,8 @@ from jaxcore.train_config import GRPOConfig
 log = logging.getLogger(__name__)
 
 STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
-                "clip_ratio/region_mean")
+                "clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean", "policy_loss")
+LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(GRPOLossConfig) if f.name != "max_completion_length")
 
 
 def train_config(cfg: GRPOConfig) -> GRPOTrainConfig:
@@ -42,21 +47,31 @@ def train_config(cfg: GRPOConfig) -> GRPOTrainConfig:
     g, opt, r = cfg.grpo, cfg.optimizer, cfg.rollout
     if opt.name not in ("adam", "adamw"):
         raise ValueError(f"optimizer.name={opt.name}: GRPO trains with AdamW (set optimizer.name=adamw)")
-    if opt.schedule not in ("constant", "cosine"):
-        raise ValueError(f"optimizer.schedule={opt.schedule}: GRPO supports constant or cosine")
+    if opt.schedule not in ("constant", "cosine", "linear"):
+        raise ValueError(f"optimizer.schedule={opt.schedule}: GRPO supports linear, cosine or constant")
     if r.temperature <= 0:
         raise ValueError("rollout.temperature must be > 0 for GRPO (greedy completions of a prompt are identical)")
     if r.generations_per_prompt < 2:
         raise ValueError("rollout.generations_per_prompt must be >= 2 for GRPO (advantages are relative to a group)")
     if g.scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"grpo.scale_rewards={g.scale_rewards}: expected group, batch or none")
+    lora = None
+    if g.lora is not None:
+        if g.lora.export not in ("merged", "adapter", "both"):
+            raise ValueError(f"grpo.lora.export={g.lora.export}: expected merged, adapter or both")
+        lora = LoRAConfig(rank=g.lora.rank, alpha=g.lora.alpha, target_modules=tuple(g.lora.target_modules),
+                          dropout=g.lora.dropout, base_dtype=g.lora.base_dtype)
+    steps_per_rollout = (g.steps_per_generation or g.gradient_accumulation_steps) // g.gradient_accumulation_steps
     return GRPOTrainConfig(
-        loss_type=g.loss_type, epsilon=g.epsilon, epsilon_high=g.epsilon_high, beta=g.beta,
-        max_completion_length=r.max_new_tokens, learning_rate=opt.learning_rate, lr_schedule=opt.schedule,
-        warmup_steps=opt.warmup_steps, total_steps=cfg.train.epochs * g.num_iterations,
-        weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm or 0.0,
-        gradient_accumulation_steps=g.gradient_accumulation_steps, num_iterations=g.num_iterations,
-        mask_truncated_completions=g.mask_truncated_completions, temperature=r.temperature)
+        **{name: getattr(g, name) for name in LOSS_FIELDS}, max_completion_length=r.max_new_tokens,
+        learning_rate=opt.learning_rate, lr_schedule=opt.schedule, warmup_steps=opt.warmup_steps,
+        total_steps=cfg.train.epochs * g.num_iterations * max(steps_per_rollout, 1),
+        weight_decay=opt.weight_decay, adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2,
+        adam_epsilon=opt.adam_epsilon, max_grad_norm=opt.max_grad_norm or 0.0,
+        gradient_accumulation_steps=g.gradient_accumulation_steps, steps_per_generation=g.steps_per_generation,
+        num_iterations=g.num_iterations, mask_truncated_completions=g.mask_truncated_completions,
+        temperature=r.temperature, sync_ref_model=g.sync_ref_model, ref_model_mixup_alpha=g.ref_model_mixup_alpha,
+        ref_model_sync_steps=g.ref_model_sync_steps, lora=lora, seed=cfg.train.seed)
 
 
 def make_grpo_mesh(fsdp: int) -> jax.sharding.Mesh:
@@ -107,10 +122,10 @@ class GRPOAlgorithm:
         train_cfg = train_config(cfg)
         self.mesh = make_grpo_mesh(cfg.grpo.fsdp)
         rows = cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt
-        split = self.mesh.size * train_cfg.gradient_accumulation_steps
+        split = self.mesh.size * train_cfg.generation_steps
         if rows % split:
             raise ValueError(f"prompts_per_epoch x generations_per_prompt = {rows} rows must be a multiple of "
-                             f"{self.mesh.size} devices x {train_cfg.gradient_accumulation_steps} accumulation steps")
+                             f"{self.mesh.size} devices x {train_cfg.generation_steps} micro-batches per rollout")
         ref_path = cfg.grpo.ref_model_path
         ref_model = (lambda: load_any(ref_path, cfg.model.dtype, remat=cfg.model.remat)[0]) if ref_path else None
         self.learner = GRPOLearner(model, train_cfg, mesh=self.mesh, ref_model=ref_model)
@@ -123,16 +138,33 @@ class GRPOAlgorithm:
         """The current policy (shares the learner's arrays; valid until the next step)."""
         return self.learner.model
 
+    def export_model(self) -> Any:
+        """The policy with plain weights for `save_hf` (LoRA: merged into the base)."""
+        return self.learner.export_model()
+
+    def export_extra(self, out_dir: str, base_model_path: str) -> dict[str, str]:
+        """LoRA: write out_dir/final_adapter (a peft directory) unless grpo.lora.export is "merged"."""
+        lora = self.cfg.grpo.lora
+        if lora is None or lora.export == "merged":
+            return {}
+        return {"final_adapter": str(self.learner.save_adapter(f"{out_dir}/final_adapter", base_model_path))}
+
     # -- checkpointing -------------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict[str, Any]:
         s = self.learner.state
-        return {"step": s.step, "params": s.params, "opt_state": s.opt_state,
-                "num_tokens": np.asarray(self.num_tokens, np.int64)}
+        out = {"step": s.step, "params": s.params, "opt_state": s.opt_state,
+               "num_tokens": np.asarray(self.num_tokens, np.int64)}
+        if self.learner.cfg.sync_ref_model:      # the reference moves: resume needs it
+            out["ref_params"] = self.learner.ref[1]
+        return out
 
     def restore_state(self, state: dict[str, Any]) -> None:
         self.learner.state = TrainState(state["step"], state["params"], state["opt_state"])
         self.num_tokens = int(state["num_tokens"])
+        if "ref_params" in state:
+            graphdef, _, rest = self.learner.ref
+            self.learner.ref = graphdef, state["ref_params"], rest
 
     # -- one epoch -------------------------------------------------------------------------------
 
@@ -179,7 +211,7 @@ class GRPOAlgorithm:
         completion_mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
                             self.eos_token_ids)
-        if self.learner.cfg.num_iterations > 1 and self.learner.cfg.temperature == 1.0:
+        if self.learner.needs_old_logp() and self.learner.cfg.temperature == 1.0:
             logprobs = np.where(completion_mask, gather_rows(result.logprobs), 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
         return batch
@@ -210,12 +242,13 @@ class GRPOAlgorithm:
         return StepResult(metrics)
 
     def update(self, batch: GRPOBatch) -> list[dict[str, float]]:
-        """`num_iterations` optimiser steps on one rollout, stopping at the first non-finite one (which
-        `GRPOLearner` does not apply)."""
-        batch = self.learner.prepare(batch)
+        """`num_iterations` passes of the rollout's optimiser steps, stopping at the first non-finite one
+        (which `GRPOLearner` does not apply)."""
+        batches, num_items = self.learner.step_batches(self.learner.prepare(batch))
         steps: list[dict[str, float]] = []
         for _ in range(self.learner.cfg.num_iterations):
-            steps.append(self.learner.step(batch))
-            if not finite(steps[-1]):
-                break
+            for step_batch in batches:
+                steps.append(self.learner.step(step_batch, num_items))
+                if not finite(steps[-1]):
+                    return steps
         return steps

@@ -9,16 +9,22 @@ from jaxcore.train_config import OptimizerSection
 
 def make_schedule(section: OptimizerSection, total_steps: int) -> optax.Schedule:
     """constant, cosine or linear decay after `warmup_steps` of linear warmup."""
-    lr, warmup = section.learning_rate, max(section.warmup_steps, 0)
+    return lr_schedule(section.schedule, section.learning_rate, section.warmup_steps, total_steps)
+
+
+def lr_schedule(name: str, lr: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
+    """HF's get_{constant,linear,cosine}_schedule_with_warmup: 0 -> lr over `warmup_steps`, then
+    constant, or linear/cosine decay to 0 at `total_steps`."""
+    warmup = max(warmup_steps, 0)
     decay_steps = max(total_steps - warmup, 1)
-    if section.schedule == "constant":
+    if name == "constant":
         body = optax.constant_schedule(lr)
-    elif section.schedule == "cosine":
+    elif name == "cosine":
         body = optax.cosine_decay_schedule(lr, decay_steps)
-    elif section.schedule == "linear":
+    elif name == "linear":
         body = optax.linear_schedule(lr, 0.0, decay_steps)
     else:
-        raise ValueError(f"unknown schedule {section.schedule!r}; choose constant, cosine or linear")
+        raise ValueError(f"unknown schedule {name!r}; choose constant, cosine or linear")
     if warmup == 0:
         return body
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), body], [warmup])

@@ -267,6 +267,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     del model                                   # the algorithm owns the weights from here on
     summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume)
     if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
-        summary["final_hf"] = str(save_hf(algorithm.model, Path(cfg.train.out_dir) / "final_hf",
-                                          tokenizer_dir=tok_dir))
+        export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
+        summary["final_hf"] = str(save_hf(export, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
+        if hasattr(algorithm, "export_extra"):
+            summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
     return summary

@@ -108,15 +108,44 @@ class GRPOSection:
     max_completion_length is rollout.max_new_tokens)."""
 
     beta: float = 0.0                   # k3-KL coefficient; 0: no reference model is loaded
+    use_bias_correction_kl: bool = True  # KL term times the importance ratio (TRL's default)
     epsilon: float = 0.2                # lower clip: ratio >= 1 - epsilon
-    epsilon_high: float | None = None   # upper clip (None: epsilon)
-    loss_type: str = "dapo"             # grpo | bnpo | dr_grpo | dapo
+    epsilon_high: float | None = None   # upper clip (None: epsilon); cispo: the ratio cap
+    delta: float | None = None          # two-sided clipping: ratio <= delta in the unclipped branch
+    loss_type: str = "dapo"             # grpo | bnpo | dr_grpo | dapo | cispo | sapo | luspo | vespo
+    importance_sampling_level: str = "token"   # token | sequence (GSPO)
+    top_entropy_quantile: float = 1.0   # policy loss only on the top-q entropy tokens
+    entropy_coef: float = 0.0           # entropy bonus: loss -= entropy_coef * mean token entropy
+    off_policy_mask_threshold: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     scale_rewards: str = "group"        # group | batch | none
-    num_iterations: int = 1             # mu: optimiser steps per rollout
+    num_iterations: int = 1             # mu: passes over each rollout
     gradient_accumulation_steps: int = 1
+    steps_per_generation: int | None = None   # micro-batches per rollout (None: gradient_accumulation_steps)
     mask_truncated_completions: bool = False
     ref_model_path: str | None = None   # beta > 0: reference model (default: a frozen copy of the initial policy)
+    sync_ref_model: bool = False        # TR-DPO reference sync (needs beta != 0)
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    lora: LoRASection | None = None     # set to train LoRA adapters only (e.g. grpo.lora={rank: 8})
     fsdp: int = 1                       # size of the "fsdp" mesh axis (parameters sharded); the rest is "data"
+
+
+@dataclasses.dataclass
+class LoRASection:
+    """peft's LoraConfig (r, lora_alpha, target_modules, lora_dropout) plus the frozen base's dtype."""
+
+    rank: int = 8
+    alpha: float = 8.0
+    target_modules: list[str] = dataclasses.field(default_factory=lambda: ["q_proj", "v_proj"])
+    dropout: float = 0.0
+    base_dtype: str | None = None       # e.g. bfloat16: store the frozen base in bf16
+    export: str = "both"                # merged (train.export_hf's final_hf) | adapter (final_adapter) | both
 
 
 @dataclasses.dataclass
@@ -130,11 +159,16 @@ class GRPORolloutSection(RolloutSection):
 
 @dataclasses.dataclass
 class GRPOOptimizerSection(OptimizerSection):
-    """AdamW with TRL's defaults (only adam/adamw are supported for GRPO)."""
+    """AdamW with TRL's defaults (only adam/adamw are supported for GRPO); `schedule` is TRL's
+    `lr_scheduler_type` (linear decay to 0 over the run by default, as in TRL)."""
 
     name: str = "adamw"
     learning_rate: float = 1e-6
+    schedule: str = "linear"
     max_grad_norm: float | None = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
 
 
 @dataclasses.dataclass

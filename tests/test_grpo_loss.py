@@ -102,7 +102,7 @@ def test_kl_term_by_hand():
     # ref - logp = ln 2, 0 on row 0 and -ln 2 on row 1: k3 = 2 - ln 2 - 1, 0, 0.5 + ln 2 - 1
     ref = LOGP + jnp.asarray([[math.log(2.0), 0.0, 5.0], [-math.log(2.0), 5.0, 5.0]])
     kl = [2 - math.log(2) - 1, 0.0, 0.5 + math.log(2) - 1]
-    cfg = GRPOLossConfig(loss_type="grpo", beta=0.1)
+    cfg = GRPOLossConfig(loss_type="grpo", beta=0.1, use_bias_correction_kl=False)
     loss, metrics = grpo_loss(LOGP, OLD, ref, ADV, MASK, cfg)
     expected = ((-1.2 + 0.1 * kl[0] - 0.9 + 0.1 * kl[1]) / 2 + (0.8 + 0.1 * kl[2])) / 2
     assert float(loss) == pytest.approx(expected, rel=1e-6)
@@ -137,3 +137,68 @@ def test_config_validation():
         GRPOLossConfig(loss_type="ppo")
     with pytest.raises(ValueError):
         GRPOLossConfig(epsilon=-0.1)
+
+
+# --------------------------------------------------------------------------- TRL 1.16's newer options, by hand
+
+
+def test_bias_corrected_kl_by_hand():
+    """The default: each token's k3 KL times its ratio (1.5, 0.9, 0.5), in the loss and the logged kl."""
+    ref = LOGP + jnp.asarray([[math.log(2.0), 0.0, 5.0], [-math.log(2.0), 5.0, 5.0]])
+    kl = [(2 - math.log(2) - 1) * 1.5, 0.0, (0.5 + math.log(2) - 1) * 0.5]
+    loss, metrics = grpo_loss(LOGP, OLD, ref, ADV, MASK, GRPOLossConfig(loss_type="grpo", beta=0.1))
+    expected = ((-1.2 + 0.1 * kl[0] - 0.9 + 0.1 * kl[1]) / 2 + (0.8 + 0.1 * kl[2])) / 2
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert float(metrics["kl"]) == pytest.approx(sum(kl) / 3, rel=1e-6)
+
+
+def test_sequence_level_ratio_by_hand():
+    """GSPO: row 0's ratio is exp(mean(log 1.5, log 0.9)) = sqrt(1.35), inside the clip range."""
+    cfg = GRPOLossConfig(loss_type="grpo", importance_sampling_level="sequence")
+    loss, metrics = grpo_loss(LOGP, OLD, None, ADV, MASK, cfg)
+    assert float(loss) == pytest.approx((-math.sqrt(1.35) + 0.8) / 2, rel=1e-6)
+    assert float(metrics["clip_ratio/low_mean"]) == pytest.approx(0.5)      # one of two rows
+
+
+def test_delta_caps_the_unclipped_branch():
+    cfg = GRPOLossConfig(loss_type="grpo", epsilon_high=0.6, delta=1.3)     # 1.5 -> 1.3, inside [0.8, 1.6]
+    loss, _ = grpo_loss(LOGP, OLD, None, ADV, MASK, cfg)
+    assert float(loss) == pytest.approx(((-1.3 - 0.9) / 2 + 0.8) / 2, rel=1e-6)
+
+
+def test_sapo_soft_gate_by_hand():
+    def gate(r: float, t: float) -> float:
+        return 4.0 / t / (1.0 + math.exp(-t * (r - 1.0)))
+
+    loss, metrics = grpo_loss(LOGP, OLD, None, ADV, MASK, GRPOLossConfig(loss_type="sapo"))
+    expected = ((-gate(1.5, 1.0) - gate(0.9, 1.0)) / 2 + gate(0.5, 1.05)) / 2
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert "clip_ratio/region_mean" not in metrics
+
+
+def test_cispo_gradient_is_the_capped_ratio():
+    """d loss / d logp = -min(ratio, epsilon_high) * A / tokens (the ratio is detached)."""
+    cfg = GRPOLossConfig(loss_type="cispo", epsilon_high=1.2)
+    grad = np.asarray(jax.grad(lambda lp: grpo_loss(lp, OLD, None, ADV, MASK, cfg)[0])(LOGP))
+    np.testing.assert_allclose(grad, [[-1.2 / 3, -0.9 / 3, 0.0], [0.5 / 3, 0.0, 0.0]], atol=1e-7)
+    assert float(grpo_loss(LOGP, OLD, None, ADV, MASK, cfg)[1]["cispo_clip_ratio"]) == pytest.approx(1 / 3)
+
+
+def test_entropy_mask_and_bonus():
+    """top_entropy_quantile 0.5 keeps tokens at or above the median active entropy (1.0 and 2.0 of
+    0.5, 1.0, 2.0); the bonus is the mean entropy over those same tokens."""
+    entropy = jnp.asarray([[0.5, 2.0, 9.0], [1.0, 9.0, 9.0]])
+    cfg = GRPOLossConfig(loss_type="bnpo", top_entropy_quantile=0.5, entropy_coef=0.1)
+    loss, metrics = grpo_loss(LOGP, OLD, None, ADV, MASK, cfg, entropy_BT=entropy)
+    policy = (-0.9 + 0.8) / 3
+    assert float(metrics["policy_loss"]) == pytest.approx(policy, rel=1e-6)
+    assert float(loss) == pytest.approx(policy - 0.1 * 1.5, rel=1e-6)
+    with pytest.raises(ValueError, match="entropy_BT"):
+        grpo_loss(LOGP, OLD, None, ADV, MASK, cfg)
+
+
+def test_new_option_validation():
+    for bad in (dict(importance_sampling_level="group"), dict(top_entropy_quantile=1.5), dict(delta=0.0),
+                dict(loss_type="sapo", sapo_temperature_neg=0.0)):
+        with pytest.raises(ValueError):
+            GRPOLossConfig(**bad)

@@ -9,8 +9,8 @@ from flax import nnx
 import jaxcore
 from jaxcore.bench.grpo import EOS_ID, synthetic_batch
 from jaxcore.grpo import grpo_loss
+from jaxcore.grpo_learner import GRPOLearner
 from jaxcore.grpo_step import (
-    GRPOLearner,
     GRPOTrainConfig,
     build_batch,
     loss_mask,
@@ -182,10 +182,12 @@ def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch):
 def test_schedule_and_config_validation():
     sched = make_schedule(GRPOTrainConfig(learning_rate=1.0, warmup_steps=4, lr_schedule="cosine", total_steps=12))
     assert [round(float(sched(s)), 4) for s in (0, 2, 4, 8, 12)] == [0.0, 0.5, 1.0, 0.5, 0.0]
-    const = make_schedule(GRPOTrainConfig(learning_rate=2.0, warmup_steps=2))
+    const = make_schedule(GRPOTrainConfig(learning_rate=2.0, warmup_steps=2, lr_schedule="constant"))
     assert [float(const(s)) for s in (0, 1, 2, 50)] == [0.0, 1.0, 2.0, 2.0]
+    linear = make_schedule(GRPOTrainConfig(learning_rate=1.0, warmup_steps=2, total_steps=6))   # TRL's default
+    assert [float(linear(s)) for s in (0, 1, 2, 4, 6, 9)] == [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
     with pytest.raises(ValueError):
-        GRPOTrainConfig(lr_schedule="linear")
+        GRPOTrainConfig(lr_schedule="exponential")
     with pytest.raises(ValueError):
         GRPOTrainConfig(gradient_accumulation_steps=0)
 

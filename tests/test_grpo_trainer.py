@@ -96,7 +96,8 @@ def test_cli_run_logs_trl_metrics_and_exports(warm, tmp_path, capsys):
 
 def test_straight_run_equals_resumed_run(warm, tmp_path, capsys):
     model = warm["hf"]
-    common = ["train.eval_every=0", "train.checkpoint_every=1", "grpo.num_iterations=2"]
+    # constant lr: the default linear decay's horizon is train.epochs, which differs between the runs
+    common = ["train.eval_every=0", "train.checkpoint_every=1", "grpo.num_iterations=2", "optimizer.schedule=constant"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run_cli(capsys, *grpo_args(model, straight, "train.epochs=4", *common))[0] == 0
     assert run_cli(capsys, *grpo_args(model, resumed, "train.epochs=2", *common))[0] == 0
@@ -213,6 +214,11 @@ def test_rewards_no_function_scored_are_left_out_of_the_advantages():
     ("optimizer.name=sgd", "GRPO trains with AdamW"),
     ("rollout.prompts_per_epoch=3", "must be a multiple of 8 devices"),
     ("grpo.fsdp=3", "do not multiply to the 8 available devices"),
+    ("grpo.importance_sampling_level=group", "importance_sampling_level must be token or sequence"),
+    ("grpo.sync_ref_model=true", "sync_ref_model needs beta != 0"),
+    ("grpo.steps_per_generation=4", "must be a multiple of 8 devices x 4 micro-batches"),
+    ("grpo.lora.target_modules=[qq_proj]", "lora.target_modules ['qq_proj'] match no module"),
+    ("grpo.lora.export=zip", "grpo.lora.export=zip"),
 ])
 def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected):
     code, err = run_cli(capsys, *grpo_args(tiny_dir("llama"), tmp_path / "out", override))
@@ -239,3 +245,23 @@ def test_train_reward_rises_on_the_warm_started_model(warm, tmp_path):
           summary["eval_reward_after"])
     assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.07
     assert summary["eval_reward_after"] > summary["eval_reward_before"] + 0.05
+
+
+def test_cli_lora_run_exports_merged_model_and_peft_adapter(warm, tmp_path, capsys):
+    """grpo.lora trains adapters only; final_hf is the merged model and final_adapter the peft directory,
+    and peft's merge of that adapter onto the base equals final_hf."""
+    peft = pytest.importorskip("peft")
+    from torchref.model import load_reference
+
+    out = tmp_path / "lora"
+    code, _ = run_cli(capsys, *grpo_args(warm["hf"], out, "train.epochs=2", "train.eval_every=0", "grpo.beta=0.04",
+                                         "grpo.lora.rank=4", "grpo.lora.target_modules=[q_proj, v_proj, down_proj]"))
+    assert code == 0 and all(np.isfinite(r["loss"]) and r["kl"] >= 0 for r in records(out)[1:])
+    config = json.loads((out / "final_adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    merged = peft.PeftModel.from_pretrained(load_reference(warm["hf"]), str(out / "final_adapter")).merge_and_unload()
+    exported, start = read_safetensors(out / "final_hf"), read_safetensors(warm["hf"])
+    changed = [k for k in exported if not np.array_equal(exported[k], start[k])]
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight")) for k in changed)
+    for key, value in merged.state_dict().items():
+        np.testing.assert_allclose(exported[key], value.numpy(), rtol=0, atol=1e-6, err_msg=key)

@@ -7,6 +7,7 @@ token t + 1), `advantages_B`, `truncated_B`, optional `old_logp_BL` / `ref_logp_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,57 +66,146 @@ def compute_advantages(rewards_B: Any, group_size: int, scale: str = "group") ->
     return torch.nan_to_num(advantages_B, nan=0.0)
 
 
+TRL_DEFAULTS = {"use_bias_correction_kl": True, "importance_sampling_level": "token", "delta": None,
+                "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "off_policy_mask_threshold": None,
+                "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
+                "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
+
+
+def _opt(cfg: Any, name: str) -> Any:
+    return getattr(cfg, name, TRL_DEFAULTS[name])
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """TRL's `get_high_entropy_mask` on one process: entropy >= the `threshold` quantile of active tokens."""
+    local = entropies[mask.bool()].float()
+    if local.numel() == 0:
+        return torch.zeros_like(entropies, dtype=torch.bool)
+    entropy_threshold = torch.quantile(local, threshold)
+    return ((entropies * mask.float()) >= entropy_threshold) & mask.bool()
+
+
+@torch.no_grad()
+def gamma_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """TRL's `get_gamma_weights` (VESPO) without vLLM importance-sampling ratios: [B, 1]."""
+    lower_clamp = math.log(1e-8)
+    seq_log_ratio = torch.sum(torch.clamp(log_ratio, -20.0, 20.0) * mask, dim=-1, keepdim=True)
+    log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
+    w_seq = torch.exp(log_w_seq)
+    nonneg = advantages >= 0
+    k_seq = torch.where(nonneg, _opt(cfg, "vespo_k_pos"), _opt(cfg, "vespo_k_neg"))
+    lambda_seq = torch.where(nonneg, _opt(cfg, "vespo_lambda_pos"), _opt(cfg, "vespo_lambda_neg")).clamp(min=1e-4)
+    log_phi = lambda_seq + k_seq * log_w_seq - lambda_seq * w_seq
+    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def grpo_loss(logp_BL: torch.Tensor, old_logp_BL: torch.Tensor | None, ref_logp_BL: torch.Tensor | None,
               advantages_B: torch.Tensor, mask_BL: torch.Tensor, cfg: Any,
-              num_items_in_batch: torch.Tensor | float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """TRL's `_compute_loss` for token-level importance sampling and loss types grpo/bnpo/dr_grpo/dapo."""
-    mask_BL = mask_BL.float()
-    old_logp_BL = logp_BL.detach() if old_logp_BL is None else old_logp_BL
+              num_items_in_batch: torch.Tensor | float | None = None, *, entropy_BL: torch.Tensor | None = None,
+              accumulation_steps: int = 1) -> tuple[torch.Tensor, dict[str, float]]:
+    """TRL 1.16's `_compute_loss` after the forward, on one process without vLLM: every loss type,
+    token/sequence importance sampling, delta, the bias-corrected KL, the entropy mask and bonus, and
+    the off-policy mask. `accumulation_steps` plays `current_gradient_accumulation_steps`, and
+    `num_items_in_batch` the step's token count (TRL's normaliser after its rescaling)."""
+    mask = mask_BL.float()
+    loss_type, beta = cfg.loss_type, cfg.beta
     eps_low = cfg.epsilon
     eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
-    advantages_B1 = advantages_B.unsqueeze(1)
-    coef_1 = torch.exp(logp_BL - old_logp_BL)
-    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
-    per_token_loss = -torch.min(coef_1 * advantages_B1, coef_2 * advantages_B1)
-    if cfg.beta != 0.0:
-        per_token_kl = torch.exp(ref_logp_BL - logp_BL) - (ref_logp_BL - logp_BL) - 1
-        per_token_loss = per_token_loss + cfg.beta * per_token_kl
-    if cfg.loss_type == "grpo":
-        loss = ((per_token_loss * mask_BL).sum(-1) / mask_BL.sum(-1).clamp(min=1.0)).mean()
-    elif cfg.loss_type == "bnpo":
-        loss = (per_token_loss * mask_BL).sum() / mask_BL.sum().clamp(min=1.0)
-    elif cfg.loss_type == "dr_grpo":
-        loss = (per_token_loss * mask_BL).sum() / (per_token_loss.size(0) * cfg.max_completion_length)
-    elif cfg.loss_type == "dapo":
-        n = mask_BL.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=torch.float32)
-        loss = (per_token_loss * mask_BL).sum() / n.clamp(min=1.0)
+    quantile = _opt(cfg, "top_entropy_quantile")
+    entropy_mask = high_entropy_mask(entropy_BL, mask, 1 - quantile) if quantile < 1.0 else None
+    advantages = advantages_B.unsqueeze(1)
+    old_logp_BL = logp_BL.detach() if old_logp_BL is None else old_logp_BL
+    threshold = _opt(cfg, "off_policy_mask_threshold")
+    if threshold is not None:
+        kl_div = torch.nan_to_num(old_logp_BL - logp_BL.detach(), nan=0.0)
+        avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+        off_policy_mask = ((advantages >= 0) | (avg_seq_kl <= threshold)).to(mask.dtype)
+
+    log_ratio = logp_BL - old_logp_BL
+    if _opt(cfg, "importance_sampling_level") == "token":
+        log_importance_weights = log_ratio
     else:
-        raise ValueError(f"unknown loss_type {cfg.loss_type!r}")
+        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    if beta != 0.0:
+        per_token_kl = torch.exp(ref_logp_BL - logp_BL) - (ref_logp_BL - logp_BL) - 1
+        if _opt(cfg, "use_bias_correction_kl"):
+            per_token_kl = per_token_kl * coef_1
+
+    if loss_type == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=eps_high).detach()
+        per_token_loss = -clamped_ratios * advantages * logp_BL
+    elif loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+        if _opt(cfg, "delta") is not None:
+            coef_1 = torch.clamp(coef_1, max=_opt(cfg, "delta"))
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    elif loss_type == "sapo":
+        temperatures = torch.where(advantages > 0, _opt(cfg, "sapo_temperature_pos"), _opt(cfg, "sapo_temperature_neg"))
+        per_token_loss = -torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures * advantages
+    elif loss_type == "vespo":
+        phi_seq = gamma_weights(advantages, log_ratio, mask, cfg)
+        per_token_loss = -phi_seq * advantages * logp_BL
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+    if threshold is not None:
+        per_token_loss = per_token_loss * off_policy_mask
+    if entropy_mask is not None:
+        per_token_loss = per_token_loss * entropy_mask
+    if beta != 0.0:
+        per_token_loss = per_token_loss + beta * per_token_kl
+
+    n = accumulation_steps
+    if loss_type in ("grpo", "sapo"):
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * cfg.max_completion_length)
+    elif loss_type == "luspo":
+        loss = (per_token_loss * mask).sum(-1).mean()
+    else:   # cispo, dapo, vespo
+        items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=torch.float32)
+        loss = (per_token_loss * mask).sum() / items.clamp(min=1.0)
+        n = 1
+    policy_loss = loss.detach()
+    loss = loss / n
+    metrics = {}
+    if _opt(cfg, "entropy_coef") != 0.0:
+        effective_mask = mask if entropy_mask is None else mask * entropy_mask
+        entropy_loss = (entropy_BL * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation_steps
+        loss = loss - _opt(cfg, "entropy_coef") * entropy_loss
+        metrics["policy_loss"] = float(policy_loss)
 
     def masked_mean(x: torch.Tensor) -> float:
-        return float((x * mask_BL).sum() / mask_BL.sum().clamp(min=1.0))
+        if x.shape[1] == 1:
+            return float(x.sum() / x.shape[0])
+        return float((x * mask).sum() / mask.sum().clamp(min=1.0))
 
-    metrics = {}
-    if cfg.beta != 0.0:
+    if beta != 0.0:
         metrics["kl"] = masked_mean(per_token_kl.detach())
-    is_low = ((coef_1 < 1 - eps_low) & (advantages_B1 < 0)).float()
-    is_high = ((coef_1 > 1 + eps_high) & (advantages_B1 > 0)).float()
-    metrics["clip_ratio/low_mean"] = masked_mean(is_low)
-    metrics["clip_ratio/high_mean"] = masked_mean(is_high)
-    metrics["clip_ratio/region_mean"] = masked_mean(torch.maximum(is_low, is_high))
+    if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        is_low = ((coef_1 < 1 - eps_low) & (advantages < 0)).float()
+        is_high = ((coef_1 > 1 + eps_high) & (advantages > 0)).float()
+        metrics["clip_ratio/low_mean"] = masked_mean(is_low)
+        metrics["clip_ratio/high_mean"] = masked_mean(is_high)
+        metrics["clip_ratio/region_mean"] = masked_mean(torch.maximum(is_low, is_high))
+    elif loss_type == "cispo":
+        metrics["cispo_clip_ratio"] = masked_mean(((coef_1 > eps_high) & (advantages > 0)).float())
+    elif loss_type == "vespo":
+        metrics["vespo/phi_seq_mean"] = masked_mean(phi_seq)
     return loss, metrics
 
 
 def policy_logps(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temperature: float = 1.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token log-probs [B, T-1] (differentiable) and entropies [B, T-1] (no grad) of the HF model."""
+    """Next-token log-probs and entropies [B, T-1] (both differentiable, as TRL's) of the HF model."""
     logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False,
                        position_ids=hf_position_ids(attention_mask_BT)).logits
     logits_BLV = logits_BTV[:, :-1].float() / temperature
     logp_BLV = torch.log_softmax(logits_BLV, dim=-1)
     logp_BL = logp_BLV.gather(-1, input_ids_BT[:, 1:].unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy_BL = -(logp_BLV.exp() * logp_BLV).sum(-1)
+    entropy_BL = -(logp_BLV.exp() * logp_BLV).sum(-1)
     return logp_BL, entropy_BL
 
 
@@ -135,6 +225,7 @@ def batch_objective(model: Any, batch: Any, cfg: Any, num_items_in_batch: float 
     logp_BL, entropy_BL = policy_logps(model, ids, attention, getattr(cfg, "temperature", 1.0))
     old = None if batch.old_logp_BL is None else tensor(batch.old_logp_BL)
     ref = None if cfg.beta == 0.0 else tensor(batch.ref_logp_BL)
-    loss, metrics = grpo_loss(logp_BL, old, ref, tensor(batch.advantages_B), mask_BL, cfg, num_items_in_batch)
-    metrics["entropy"] = float((entropy_BL * mask_BL).sum() / mask_BL.sum().clamp(min=1.0))
+    loss, metrics = grpo_loss(logp_BL, old, ref, tensor(batch.advantages_B), mask_BL, cfg, num_items_in_batch,
+                              entropy_BL=entropy_BL)
+    metrics["entropy"] = float((entropy_BL.detach() * mask_BL).sum() / mask_BL.sum().clamp(min=1.0))
     return loss, metrics

@@ -16,7 +16,8 @@ import numpy as np
 
 from jaxcore.bench import BenchOptions, bench_checkpoint, best_time, device_info, model_summary, torch_device
 from jaxcore.grpo import compute_advantages
-from jaxcore.grpo_step import GRPOBatch, GRPOLearner, GRPOTrainConfig, build_batch
+from jaxcore.grpo_learner import GRPOLearner
+from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig, build_batch
 
 PAD_ID, EOS_ID = 0, 2          # jaxcore.tiny's special tokens
 

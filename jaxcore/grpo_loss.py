@@ -1,0 +1,256 @@
+"""The GRPO policy loss with TRL 1.16's `GRPOTrainer._compute_loss` formulas, as pure `jnp`.
+
+Shapes: B completions, T completion-token positions. Works on sharded global arrays inside `jax.jit`.
+Loss types: grpo, bnpo, dr_grpo, dapo, luspo (clipped surrogate), cispo (clipped, detached IS weight
+times log p), sapo (soft sigmoid gate), vespo (detached Gamma weight of the sequence ratio times log p).
+Options: token- or sequence-level (GSPO) importance ratios, two-sided clipping `delta`, the
+bias-corrected KL (`kl * ratio`), `top_entropy_quantile`, the entropy bonus `entropy_coef`, and the
+off-policy sequence mask (`off_policy_mask_threshold`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+CLIP_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")        # the PPO-style min(ratio * A, clip * A)
+GLOBAL_NORM_TYPES = ("dapo", "cispo", "vespo")                    # divided by the whole step's token count
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOLossConfig:
+    """The loss settings (names and defaults as in TRL 1.16's GRPOConfig)."""
+
+    loss_type: str = "dapo"
+    epsilon: float = 0.2                    # lower clip: ratio >= 1 - epsilon
+    epsilon_high: float | None = None       # upper clip 1 + epsilon_high (None: epsilon); cispo: the ratio cap
+    beta: float = 0.0                       # k3-KL coefficient; 0 means no reference model
+    max_completion_length: int = 512        # dr_grpo's constant normaliser
+    use_bias_correction_kl: bool = True     # per-token KL times the importance ratio (TRL's default)
+    importance_sampling_level: str = "token"   # "token" | "sequence" (GSPO: exp(mean log-ratio) per row)
+    delta: float | None = None              # two-sided clipping: ratio <= delta in the unclipped branch
+    top_entropy_quantile: float = 1.0       # keep the policy loss on the top-q entropy tokens only
+    entropy_coef: float = 0.0               # loss -= entropy_coef * mean token entropy
+    off_policy_mask_threshold: float | None = None   # drop A < 0 rows whose mean (old - new) log-prob > this
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+
+    def __post_init__(self) -> None:
+        validate_loss_config(self)
+
+
+def option(cfg: Any, name: str) -> Any:
+    """`cfg.name`, or TRL's default when a duck-typed config lacks it."""
+    return getattr(cfg, name, _DEFAULTS[name])
+
+
+def validate_loss_config(cfg: Any) -> None:
+    """Raise ValueError for an unknown loss type or level, or an impossible setting."""
+    loss_type = cfg.loss_type
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
+    if cfg.epsilon < 0 or (cfg.epsilon_high is not None and cfg.epsilon_high < 0):
+        raise ValueError("epsilon and epsilon_high must be >= 0")
+    if loss_type == "dr_grpo" and cfg.max_completion_length <= 0:
+        raise ValueError("dr_grpo needs max_completion_length > 0")
+    if option(cfg, "importance_sampling_level") not in IS_LEVELS:
+        raise ValueError(f"importance_sampling_level must be token or sequence, not "
+                         f"{option(cfg, 'importance_sampling_level')!r}")
+    if not 0.0 <= option(cfg, "top_entropy_quantile") <= 1.0:
+        raise ValueError("top_entropy_quantile must be in [0, 1]")
+    if option(cfg, "delta") is not None and option(cfg, "delta") <= 0:
+        raise ValueError("delta must be > 0 (TRL recommends > 1 + epsilon)")
+    if loss_type == "sapo" and min(option(cfg, "sapo_temperature_pos"), option(cfg, "sapo_temperature_neg")) <= 0:
+        raise ValueError("sapo temperatures must be > 0")
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
+
+
+def clip_range(cfg: Any) -> tuple[float, float]:
+    """(1 - epsilon, 1 + epsilon_high), with epsilon_high defaulting to epsilon as in TRL."""
+    return 1.0 - cfg.epsilon, 1.0 + upper_epsilon(cfg)
+
+
+def upper_epsilon(cfg: Any) -> float:
+    return cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def masked_mean(x_BT: Array, mask_BT: Array) -> Array:
+    """sum(x * mask) / max(sum(mask), 1) (TRL's `global_masked_mean`); a [B, 1] x is averaged over rows."""
+    if x_BT.shape[-1] == 1 and mask_BT.shape[-1] != 1:
+        return x_BT.mean()
+    return jnp.where(mask_BT, x_BT, 0.0).sum() / jnp.maximum(mask_BT.sum(), 1.0)
+
+
+def k3_kl(logp_BT: Array, ref_logp_BT: Array) -> Array:
+    """Per-token k3 estimator of KL(policy || ref): exp(ref - logp) - (ref - logp) - 1."""
+    diff_BT = ref_logp_BT - logp_BT
+    return jnp.exp(diff_BT) - diff_BT - 1.0
+
+
+def high_entropy_mask(entropy_BT: Array, mask_BT: Array, quantile: float) -> Array:
+    """Tokens whose entropy is >= the `1 - quantile` quantile (linear interpolation, as `torch.quantile`)
+    of the active tokens' entropies; all False when no token is active."""
+    entropy_BT = jax.lax.stop_gradient(entropy_BT)
+    threshold = jnp.nanquantile(jnp.where(mask_BT, entropy_BT, jnp.nan), 1.0 - quantile)
+    return (jnp.where(mask_BT, entropy_BT, 0.0) >= threshold) & mask_BT & (mask_BT.sum() > 0)
+
+
+def off_policy_mask(advantages_B1: Array, logp_BT: Array, old_logp_BT: Array, mask_BT: Array, threshold: float
+                    ) -> Array:
+    """[B, 1]: keep a row if A >= 0 or its mean (old - new) log-prob <= threshold (DeepSeek-V3.2's mask)."""
+    kl_BT = jnp.where(mask_BT, old_logp_BT - jax.lax.stop_gradient(logp_BT), 0.0)
+    seq_kl_B1 = kl_BT.sum(-1, keepdims=True) / jnp.maximum(mask_BT.sum(-1, keepdims=True), 1.0)
+    return ((advantages_B1 >= 0) | (seq_kl_B1 <= threshold)).astype(jnp.float32)
+
+
+def vespo_weights(advantages_B1: Array, log_ratio_BT: Array, mask_BT: Array, cfg: Any) -> Array:
+    """VESPO's detached Gamma weight phi(w) = exp(lambda + k log w - lambda w) of the sequence ratio w: [B, 1]."""
+    lower = math.log(1e-8)
+    seq_log_ratio_B1 = jnp.where(mask_BT, jnp.clip(log_ratio_BT, -20.0, 20.0), 0.0).sum(-1, keepdims=True)
+    log_w_B1 = jnp.clip(seq_log_ratio_B1, lower, 20.0)
+    nonneg_B1 = advantages_B1 >= 0
+    k_B1 = jnp.where(nonneg_B1, option(cfg, "vespo_k_pos"), option(cfg, "vespo_k_neg"))
+    lam_B1 = jnp.maximum(jnp.where(nonneg_B1, option(cfg, "vespo_lambda_pos"), option(cfg, "vespo_lambda_neg")), 1e-4)
+    phi_B1 = jnp.exp(lam_B1 + k_B1 * log_w_B1 - lam_B1 * jnp.exp(log_w_B1))
+    return jax.lax.stop_gradient(jnp.nan_to_num(phi_B1, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def aggregate(per_token_BT: Array, mask_BT: Array, loss_type: str, max_completion_length: int,
+              num_items_in_batch: Array | float | None = None) -> Array:
+    """Reduce a per-token loss to a scalar the way TRL's `loss_type` does (before accumulation scaling).
+
+    grpo/sapo: mean over rows of the per-row masked mean; bnpo: sum / active tokens; dr_grpo:
+    sum / (B * max_completion_length); luspo: mean over rows of the per-row sum; dapo/cispo/vespo:
+    sum / `num_items_in_batch`, the active-token count of the whole optimiser step (default: this batch's).
+    """
+    total_B = jnp.where(mask_BT, per_token_BT, 0.0).sum(-1)
+    count_B = mask_BT.astype(jnp.float32).sum(-1)
+    if loss_type in ("grpo", "sapo"):
+        return (total_B / jnp.maximum(count_B, 1.0)).mean()
+    if loss_type == "bnpo":
+        return total_B.sum() / jnp.maximum(count_B.sum(), 1.0)
+    if loss_type == "dr_grpo":
+        return total_B.sum() / (per_token_BT.shape[0] * max_completion_length)
+    if loss_type == "luspo":
+        return total_B.mean()
+    if loss_type in GLOBAL_NORM_TYPES:
+        n = count_B.sum() if num_items_in_batch is None else jnp.asarray(num_items_in_batch, jnp.float32)
+        return total_B.sum() / jnp.maximum(n, 1.0)
+    raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def per_token_policy_loss(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, advantages_B1: Array,
+                          mask_BT: Array, cfg: Any) -> tuple[Array, Array, dict[str, Array]]:
+    """The policy term per token (or per row, [B, 1]) for `cfg.loss_type`; returns (loss, the ratio the
+    clip metrics see, loss-type metrics)."""
+    loss_type, high = cfg.loss_type, upper_epsilon(cfg)
+    if loss_type == "cispo":
+        capped = jax.lax.stop_gradient(jnp.minimum(coef_1, high))
+        clipped = (jax.lax.stop_gradient(coef_1) > high) & (advantages_B1 > 0)
+        return -capped * advantages_B1 * logp_BT, coef_1, {"cispo_clip_ratio": clipped.astype(jnp.float32)}
+    if loss_type in CLIP_TYPES:
+        low, up = clip_range(cfg)
+        coef_2 = jnp.clip(coef_1, low, up)
+        if option(cfg, "delta") is not None:
+            coef_1 = jnp.minimum(coef_1, option(cfg, "delta"))
+        return -jnp.minimum(coef_1 * advantages_B1, coef_2 * advantages_B1), coef_1, {}
+    if loss_type == "sapo":
+        temp_B1 = jnp.where(advantages_B1 > 0, option(cfg, "sapo_temperature_pos"), option(cfg, "sapo_temperature_neg"))
+        return -jax.nn.sigmoid(temp_B1 * (coef_1 - 1.0)) * 4.0 / temp_B1 * advantages_B1, coef_1, {}
+    if loss_type == "vespo":
+        phi_B1 = vespo_weights(advantages_B1, log_ratio_BT, mask_BT, cfg)
+        return -phi_B1 * advantages_B1 * logp_BT, coef_1, {"vespo/phi_seq_mean": phi_B1}
+    raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | None, advantages_B: Array,
+              mask_BT: Array, cfg: Any, num_items_in_batch: Array | float | None = None, *,
+              entropy_BT: Array | None = None, accumulation_steps: int = 1) -> tuple[Array, dict[str, Array]]:
+    """TRL's `_compute_loss` after the forward: policy term, entropy mask, KL, aggregation, entropy bonus.
+
+    ratio = exp(logp - old_logp) per token, or exp(masked mean of it) per row at sequence level
+    (old_logp None: stop_gradient(logp), TRL's mu == 1 shortcut). With `use_bias_correction_kl` the
+    k3 KL is multiplied by that (differentiable) ratio, and the logged `kl` is the corrected one.
+    `accumulation_steps` n: this batch is one of n micro-batches of an optimiser step; like TRL the
+    loss is divided by n except for the dapo/cispo/vespo types (`num_items_in_batch` spans the step).
+    `entropy_BT` (differentiable) is needed for `top_entropy_quantile` < 1 and `entropy_coef` != 0.
+    Masked positions are zeroed before any exp, so junk log-probs there cannot produce inf/NaN.
+    """
+    mask_BT = jnp.asarray(mask_BT).astype(bool)
+    logp_BT = logp_BT.astype(jnp.float32)
+    old_logp_BT = jax.lax.stop_gradient(logp_BT) if old_logp_BT is None else old_logp_BT.astype(jnp.float32)
+    advantages_B1 = jnp.asarray(advantages_B, jnp.float32)[:, None]
+    quantile, entropy_coef = option(cfg, "top_entropy_quantile"), option(cfg, "entropy_coef")
+    if entropy_BT is None and (quantile < 1.0 or entropy_coef != 0.0):
+        raise ValueError("top_entropy_quantile < 1 and entropy_coef != 0 need entropy_BT")
+    entropy_mask_BT = high_entropy_mask(entropy_BT, mask_BT, quantile) if quantile < 1.0 else None
+
+    log_ratio_BT = jnp.where(mask_BT, logp_BT - old_logp_BT, 0.0)
+    if option(cfg, "importance_sampling_level") == "sequence":
+        log_weight = log_ratio_BT.sum(-1, keepdims=True) / jnp.maximum(mask_BT.sum(-1, keepdims=True), 1.0)
+    else:
+        log_weight = log_ratio_BT
+    coef_1 = jnp.exp(log_weight)                                     # [B, T] or [B, 1]
+
+    metrics: dict[str, Array] = {}
+    if cfg.beta != 0.0:
+        if ref_logp_BT is None:
+            raise ValueError("beta != 0 needs ref_logp_BT (log-probs of the reference model)")
+        kl_BT = k3_kl(jnp.where(mask_BT, logp_BT, 0.0), jnp.where(mask_BT, ref_logp_BT.astype(jnp.float32), 0.0))
+        if option(cfg, "use_bias_correction_kl"):
+            kl_BT = kl_BT * coef_1
+        metrics["kl"] = masked_mean(jax.lax.stop_gradient(kl_BT), mask_BT)
+
+    safe_logp_BT = jnp.where(mask_BT, logp_BT, 0.0)
+    per_token, ratio, extra = per_token_policy_loss(safe_logp_BT, coef_1, log_ratio_BT, advantages_B1, mask_BT, cfg)
+    per_token_BT = jnp.broadcast_to(per_token, mask_BT.shape)
+    threshold = option(cfg, "off_policy_mask_threshold")
+    if threshold is not None:
+        per_token_BT = per_token_BT * off_policy_mask(advantages_B1, logp_BT, old_logp_BT, mask_BT, threshold)
+    if entropy_mask_BT is not None:
+        per_token_BT = per_token_BT * entropy_mask_BT
+    if cfg.beta != 0.0:
+        per_token_BT = per_token_BT + cfg.beta * kl_BT
+    loss = aggregate(per_token_BT, mask_BT, cfg.loss_type, cfg.max_completion_length, num_items_in_batch)
+    if entropy_coef != 0.0:
+        metrics["policy_loss"] = jax.lax.stop_gradient(loss)
+    if cfg.loss_type not in GLOBAL_NORM_TYPES:
+        loss = loss / accumulation_steps
+    if entropy_coef != 0.0:
+        bonus_mask_BT = mask_BT if entropy_mask_BT is None else entropy_mask_BT
+        loss = loss - entropy_coef * masked_mean(entropy_BT, bonus_mask_BT) / accumulation_steps
+
+    metrics.update({k: masked_mean(v, mask_BT) for k, v in extra.items()})
+    if cfg.loss_type in CLIP_TYPES:
+        metrics.update(clip_metrics(jax.lax.stop_gradient(ratio), advantages_B1, mask_BT, cfg))
+    return loss, metrics
+
+
+def clip_metrics(ratio: Array, advantages_B1: Array, mask_BT: Array, cfg: Any) -> dict[str, Array]:
+    """TRL's `clip_ratio/{low,high,region}_mean`: share of tokens (rows, at sequence level) outside the clip."""
+    low, high = clip_range(cfg)
+    is_low = (ratio < low) & (advantages_B1 < 0)
+    is_high = (ratio > high) & (advantages_B1 > 0)
+    return {"clip_ratio/low_mean": masked_mean(is_low.astype(jnp.float32), mask_BT),
+            "clip_ratio/high_mean": masked_mean(is_high.astype(jnp.float32), mask_BT),
+            "clip_ratio/region_mean": masked_mean((is_low | is_high).astype(jnp.float32), mask_BT)}
