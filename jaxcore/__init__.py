@@ -16,6 +16,8 @@ _LAZY = {
     "Transformer": "jaxcore.model", "KVCache": "jaxcore.model",
     "load_model": "jaxcore.model_checkpoint",
     "save_model": "jaxcore.model_checkpoint",
+    "ESTrainer": "jaxcore.trainers", "GRPOTrainer": "jaxcore.trainers",
+    "ESConfig": "jaxcore.train_config", "GRPOConfig": "jaxcore.train_config",
 }
 __all__ = [*_LAZY, "__version__"]
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from jaxcore.convert import CheckpointError
+from jaxcore.rewards.user_functions import Completion, is_conversation
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -28,29 +29,42 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     return tokenizer
 
 
-def apply_chat_template(tokenizer: Any, prompt: str, system: str | None = None) -> str:
-    """The prompt as a single user turn, rendered with the tokenizer's chat template."""
+def apply_chat_template(tokenizer: Any, prompt: str | list[dict[str, str]], system: str | None = None) -> str:
+    """A prompt (a string as one user turn, or a conversation) rendered with the tokenizer's chat template.
+
+    `system` is prepended unless the conversation already starts with a system message.
+    """
     if not getattr(tokenizer, "chat_template", None):
-        raise CheckpointError("the tokenizer has no chat_template; drop --chat-template")
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        raise CheckpointError("the tokenizer has no chat_template: conversational prompts and --chat-template "
+                              "need one")
+    messages = list(prompt) if is_conversation(prompt) else [{"role": "user", "content": prompt}]
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system}, *messages]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: bool = False,
+def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict[str, str]]], *, chat_template: bool = False,
                    system: str | None = None, max_length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded int32 ids and attention mask [B, T] for a list of prompts."""
-    texts = [apply_chat_template(tokenizer, p, system) if chat_template else p for p in prompts]
-    encoded = tokenizer(list(texts), padding=True, return_tensors="np", add_special_tokens=not chat_template,
+    """Left-padded int32 ids and attention mask [B, T] for a list of prompts.
+
+    Conversational prompts always go through the chat template (as in TRL); with any of them in the
+    batch, plain strings do too (as a user turn).
+    """
+    templated = chat_template or any(is_conversation(p) for p in prompts)
+    texts = [apply_chat_template(tokenizer, p, system) if templated else p for p in prompts]
+    encoded = tokenizer(list(texts), padding=True, return_tensors="np", add_special_tokens=not templated,
                         truncation=max_length is not None, max_length=max_length)
     return encoded["input_ids"].astype(np.int32), encoded["attention_mask"].astype(np.int32)
 
 
 def decode_completions(tokenizer: Any, tokens_BN: Any, lengths_B: Any, *, skip_special_tokens: bool = True
                        ) -> list[str]:
-    """Text of each completion, up to its length (EOS dropped with the special tokens)."""
+    """Text of each completion, up to its length (EOS dropped with the special tokens); each is a `str` that
+    also carries its token ids (`.ids`, TRL's `completion_ids`)."""
     tokens_BN, lengths_B = np.asarray(tokens_BN), np.asarray(lengths_B)
     rows = [row[:n].tolist() for row, n in zip(tokens_BN, lengths_B)]
-    return tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens)
+    texts = tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens)
+    return [Completion(text, ids) for text, ids in zip(texts, rows)]
 
 
 def eos_token_ids(tokenizer: Any, hf_config: dict[str, Any] | None = None) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -110,16 +110,38 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
     return out
 
 
-def make_task(section: Any) -> Any:
-    """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2)."""
+def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None) -> Any:
+    """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
+
+    `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
+    task's rewards.
+    """
+    options = dict(section.options)
+    if functions and section.name == "file":
+        options.setdefault("require_answer", False)
     try:
-        return get_task(section.name, **section.options)
+        task = get_task(section.name, **options)
     except TypeError as err:
         raise TaskConfigError(f"task {section.name!r}: {err}") from err
     except ValueError as err:
         if isinstance(err, (TaskConfigError, TaskError)):
             raise
         raise TaskConfigError(str(err)) from err
+    return with_rewards(task, functions, weights) if functions else task
+
+
+def with_rewards(task: Any, functions: Sequence[Any], weights: Sequence[float] | None) -> Any:
+    """`task` scored by `functions` instead of its own rewards; each user function is probed once."""
+    from jaxcore.rewards.user_functions import probe_rewards, resolve_rewards
+
+    try:
+        probe = task.examples("eval", 2, 0)
+    except TaskError:
+        probe = task.examples("eval", 1, 0)
+    columns = sorted({key for example in probe for key in example.columns})
+    fns, fn_weights = resolve_rewards(functions, weights, columns)
+    probe_rewards(fns, probe)
+    return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
 
 
 class TaskConfigError(ValueError):
@@ -140,7 +162,11 @@ class Runner:
         self.out_dir = Path(cfg.train.out_dir)
         self.is_main = jax.process_index() == 0
         self.checkpointer = TrainCheckpointer(self.out_dir / "checkpoints", max_to_keep=cfg.train.max_to_keep)
-        self.eval_examples = self.task.examples("eval", cfg.train.eval_prompts, cfg.train.seed)
+        eval_prompts = cfg.train.eval_prompts
+        if hasattr(task, "num_examples") and task.num_examples("eval") < eval_prompts:
+            eval_prompts = task.num_examples("eval")       # a dataset's whole eval split
+            log.info("evaluating on all %d eval examples of %s", eval_prompts, task.name)
+        self.eval_examples = self.task.examples("eval", eval_prompts, cfg.train.seed)
 
     def _scorer(self) -> Scorer:
         r = self.cfg.rewards
@@ -236,10 +262,12 @@ class Runner:
 
 
 def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
-                 resume: bool = False) -> dict[str, Any]:
+                 resume: bool = False, *, task: Any = None, model: Any = None,
+                 tokenizer_dir: str | None = None) -> dict[str, Any]:
     """Load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer, eos_token_ids)`, run the
     `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when `train.export_hf`).
 
+    `task` and an already loaded `model` (with `tokenizer_dir`) come from the Python API (`jaxcore.trainers`).
     Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an algorithm
     setting the algorithm rejects with ValueError) is a one-line `UserError`.
     """
@@ -252,10 +280,13 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     d = cfg.distributed
     if d.coordinator:
         maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
-    task = make_task(cfg.task)
-    if not cfg.model.path:
-        raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
-    model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat)
+    task = task if task is not None else make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights)
+    if model is None:
+        if not cfg.model.path:
+            raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
+        model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat)
+    else:
+        tok_dir = tokenizer_dir or cfg.model.path or None
     if tok_dir is None:
         raise UserError(f"{cfg.model.path}: no tokenizer files")
     tokenizer = load_tokenizer(tok_dir)

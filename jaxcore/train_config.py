@@ -45,6 +45,10 @@ class OptimizerSection:
 
 @dataclasses.dataclass
 class RewardSection:
+    # Replace the task's rewards: "file.py:fn", "package.module:fn" (TRL's signature), "model:DIR" (a local
+    # sequence-classification reward model) or a built-in name; weights default to 1.0 each.
+    functions: list[str] = dataclasses.field(default_factory=list)
+    weights: list[float] | None = None
     num_workers: int = 0                # >0: score in a process pool
     timeout_s: float = 30.0
     fallback: float = 0.0               # value given to samples whose reward function failed

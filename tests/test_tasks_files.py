@@ -59,7 +59,7 @@ def test_malformed_files(tmp_path: Path) -> None:
         ),
         (
             write(tmp_path / "c.jsonl", '{"prompt": 5, "answer": "x"}\n'),
-            "{path}:1: field 'prompt' must be a string, got int",
+            "{path}:1: field 'prompt' must be a string or a list of messages, got int",
         ),
         (
             write(tmp_path / "d.jsonl", '{"prompt": "", "answer": "x"}\n'),

@@ -13,7 +13,6 @@ Outputs under train.out_dir: metrics.jsonl, tensorboard/, checkpoints/, reward.p
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,26 +22,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.train_config import ESConfig
+    from jaxcore.trainers import ESTrainer
 
-    return run_config_job(args, ESConfig, train_es)
+    return run_config_job(args, ESTrainer)
 
 
-def run_config_job(args: argparse.Namespace, schema: type, train: Callable[..., dict]) -> int:
-    """Load `schema` from --config plus overrides, train, and print the held-out reward change."""
+def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
+    """Load the trainer's config from --config plus overrides, train, and print the held-out reward change."""
     from jaxcore.config import load_config
 
-    cfg = load_config(schema, args.config, args.overrides)
-    summary = train(cfg, resume=args.resume)
+    cfg = load_config(trainer_type.config_type, args.config, args.overrides)
+    summary = trainer_type(args=cfg).train(resume=args.resume)
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")
     return 0
 
 
 def train_es(cfg, resume: bool = False) -> dict:
-    """Load the model, build the EGGROLL algorithm and run it; exports final_hf when configured."""
-    from jaxcore.es_trainer import EggrollAlgorithm
-    from jaxcore.train import run_training
+    """`ESTrainer(args=cfg).train(resume)`: load the model, run EGGROLL, export final_hf when configured."""
+    from jaxcore.trainers import ESTrainer
 
-    return run_training(cfg, lambda model, tokenizer, eos: EggrollAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
-                        resume)
+    return ESTrainer(args=cfg).train(resume=resume)

@@ -23,15 +23,13 @@ from jaxcore.commands.es import add_arguments, run_config_job  # noqa: F401  (ad
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.train_config import GRPOConfig
+    from jaxcore.trainers import GRPOTrainer
 
-    return run_config_job(args, GRPOConfig, train_grpo)
+    return run_config_job(args, GRPOTrainer)
 
 
 def train_grpo(cfg, resume: bool = False) -> dict:
-    """Load the model, build the GRPO algorithm and run it; exports final_hf when configured."""
-    from jaxcore.grpo_trainer import GRPOAlgorithm
-    from jaxcore.train import run_training
+    """`GRPOTrainer(args=cfg).train(resume)`: load the model, run GRPO, export final_hf when configured."""
+    from jaxcore.trainers import GRPOTrainer
 
-    return run_training(cfg, lambda model, tokenizer, eos: GRPOAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
-                        resume)
+    return GRPOTrainer(args=cfg).train(resume=resume)

@@ -6,8 +6,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from jaxcore.rewards.records import load_records
+from jaxcore.rewards.records import load_records, to_example
 from jaxcore.rewards.tasks import check_split
 from jaxcore.rewards.types import Example, RewardFn, TaskError
 
@@ -49,6 +50,7 @@ def file_task(
     hf_split: str = "train",
     eval_hf_split: str | None = None,
     name: str | None = None,
+    require_answer: bool = True,
 ) -> FileTask:
     """Load a file task.
 
@@ -56,7 +58,7 @@ def file_task(
     otherwise ``path`` is shuffled with ``split_seed`` and ``eval_fraction`` of it
     (rounded, at least one record each side) becomes eval.
     """
-    options = {"prompt_key": prompt_key, "answer_key": answer_key}
+    options = {"prompt_key": prompt_key, "answer_key": answer_key, "require_answer": require_answer}
     train = load_records(path, hf_split=hf_split, **options)
     if eval_path is not None or eval_hf_split is not None:
         eval_ = load_records(eval_path or path, hf_split=eval_hf_split or hf_split, **options)
@@ -69,6 +71,34 @@ def file_task(
         reward_fns=dict(reward_fns),
         reward_weights=dict(reward_weights),
     )
+
+
+def dataset_records(data: Any, name: str) -> list[Example]:
+    """Examples from a path (JSON/JSONL/HF directory), a `datasets.Dataset` or a list of dicts (all columns kept)."""
+    if isinstance(data, (str, Path)):
+        return load_records(data, require_answer=False)
+    try:
+        rows = list(data)
+    except TypeError:
+        raise TaskError(f"{name}: expected a path, a datasets.Dataset or a list of dicts, "
+                        f"got {type(data).__name__}") from None
+    if not rows:
+        raise TaskError(f"{name}: no records")
+    return [to_example(f"{name}[{i}]", dict(row) if isinstance(row, Mapping) else row, "prompt", "answer", False)
+            for i, row in enumerate(rows)]
+
+
+def dataset_task(train: Any, eval_: Any, reward_fns: Mapping[str, RewardFn], reward_weights: Mapping[str, float],
+                 *, eval_fraction: float = 0.1, split_seed: int = 0) -> FileTask:
+    """A task over in-memory or on-disk datasets (the Python API's `train_dataset` / `eval_dataset`);
+    without `eval_`, `eval_fraction` of `train` is held out. The rewards may be empty until
+    `jaxcore.train.with_rewards` sets them."""
+    records = dataset_records(train, "train_dataset")
+    if eval_ is None:
+        records, held_out = split_records("train_dataset", records, eval_fraction, split_seed)
+    else:
+        held_out = dataset_records(eval_, "eval_dataset")
+    return FileTask("dataset", tuple(records), tuple(held_out), dict(reward_fns), dict(reward_weights))
 
 
 def split_records(

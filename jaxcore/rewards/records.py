@@ -1,7 +1,10 @@
 """Load ``Example`` records from JSON, JSONL or a local HF ``datasets`` directory.
 
-Accepted records: ``{"prompt": ..., "answer": ...}`` objects (key names configurable) or
-``[prompt, answer]`` pairs (the RFT format). ``*.jsonl`` files hold one record per line
+Accepted records: ``{"prompt": ..., "answer": ..., <more columns>}`` objects (key names
+configurable; every column is kept for reward functions; the answer is optional unless
+``require_answer``) or ``[prompt, answer]`` pairs (the RFT format). A prompt is a string or a
+conversation (a list of ``{"role", "content"}`` messages, TRL's conversational format).
+``*.jsonl`` files hold one record per line
 (blank lines are skipped); any other file is one JSON list; a directory is loaded with
 ``datasets.load_from_disk``. Every problem raises a one-line :class:`TaskError` naming the
 file and the line, record or row.
@@ -23,47 +26,64 @@ def load_records(
     prompt_key: str = "prompt",
     answer_key: str = "answer",
     hf_split: str = "train",
+    require_answer: bool = True,
 ) -> list[Example]:
     """All records of ``path`` as examples; ``hf_split`` picks a split of a DatasetDict."""
     path = Path(path)
     if not path.exists():
         raise TaskError(f"{path}: file not found")
     if path.is_dir():
-        items = _hf_rows(path, prompt_key, answer_key, hf_split)
+        items = _hf_rows(path, prompt_key, answer_key if require_answer else None, hf_split)
     else:
         text = _read_text(path)
         items = _jsonl_items(path, text) if path.suffix == ".jsonl" else _json_items(path, text)
-    examples = [to_example(where, record, prompt_key, answer_key) for where, record in items]
+    examples = [to_example(where, record, prompt_key, answer_key, require_answer) for where, record in items]
     if not examples:
         raise TaskError(f"{path}: no records")
     return examples
 
 
-def to_example(where: str, record: Any, prompt_key: str, answer_key: str) -> Example:
+def to_example(where: str, record: Any, prompt_key: str, answer_key: str, require_answer: bool = True) -> Example:
     """Validate one record; ``where`` prefixes the error message."""
     if isinstance(record, dict):
-        for key in (prompt_key, answer_key):
+        required = (prompt_key, answer_key) if require_answer else (prompt_key,)
+        for key in required:
             if key not in record:
                 raise TaskError(f"{where}: missing field '{key}'")
-        prompt, answer = record[prompt_key], record[answer_key]
+        prompt, answer = record[prompt_key], record.get(answer_key)
+        columns = {key: value for key, value in record.items() if key != prompt_key}
     elif isinstance(record, (list, tuple)):
         if len(record) != 2:
             raise TaskError(f"{where}: expected a [prompt, answer] pair, got {len(record)} items")
         prompt, answer = record
+        columns = {answer_key: answer}
     else:
         raise TaskError(
             f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or a "
             f"[prompt, answer] pair, got {type(record).__name__}"
         )
+    check_prompt(where, prompt_key, prompt)
+    if answer is None and require_answer:
+        raise TaskError(f"{where}: field '{answer_key}' is null")
+    return Example(prompt=prompt, answer=answer, columns=columns)
+
+
+def check_prompt(where: str, key: str, prompt: Any) -> None:
+    """A prompt is a non-empty string or a non-empty list of {"role": str, "content": str} messages."""
+    if isinstance(prompt, list):
+        if not prompt:
+            raise TaskError(f"{where}: field '{key}' is an empty conversation")
+        for index, message in enumerate(prompt):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)):
+                raise TaskError(f"{where}: field '{key}' message [{index}] needs string 'role' and 'content'")
+        return
     if not isinstance(prompt, str):
         raise TaskError(
-            f"{where}: field '{prompt_key}' must be a string, got {type(prompt).__name__}"
+            f"{where}: field '{key}' must be a string or a list of messages, got {type(prompt).__name__}"
         )
     if not prompt:
-        raise TaskError(f"{where}: field '{prompt_key}' is empty")
-    if answer is None:
-        raise TaskError(f"{where}: field '{answer_key}' is null")
-    return Example(prompt=prompt, answer=answer)
+        raise TaskError(f"{where}: field '{key}' is empty")
 
 
 def _read_text(path: Path) -> str:
@@ -98,7 +118,7 @@ def _json_items(path: Path, text: str) -> Iterator[tuple[str, Any]]:
 
 
 def _hf_rows(
-    path: Path, prompt_key: str, answer_key: str, hf_split: str
+    path: Path, prompt_key: str, answer_key: str | None, hf_split: str
 ) -> Iterator[tuple[str, Any]]:
     from datasets import DatasetDict, load_from_disk  # slow import, only for directories
 
@@ -111,9 +131,9 @@ def _hf_rows(
             raise TaskError(f"{path}: no split '{hf_split}' (splits: {', '.join(data)})")
         data = data[hf_split]
     for key in (prompt_key, answer_key):
-        if key not in data.column_names:
+        if key is not None and key not in data.column_names:
             raise TaskError(
                 f"{path}: column '{key}' not found (columns: {', '.join(data.column_names)})"
             )
-    for index, (prompt, answer) in enumerate(zip(data[prompt_key], data[answer_key])):
-        yield f"{path}: row {index}", {prompt_key: prompt, answer_key: answer}
+    for index, row in enumerate(data):
+        yield f"{path}: row {index}", dict(row)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt and the reference its reward functions need."""
+    """One prompt, the reference built-in rewards compare against, and the dataset row's other columns."""
 
-    prompt: str  # text given to the model (no chat template applied)
-    answer: Any  # JSON-serialisable reference (str, number, dict ...)
+    prompt: Any  # text (no chat template applied) or a conversation: [{"role": ..., "content": ...}, ...]
+    answer: Any = None  # JSON-serialisable reference (str, number, dict ...); None when the data has none
+    columns: Mapping[str, Any] = field(default_factory=dict, compare=False)  # every column but the prompt
 
 
 RewardFn = Callable[[list[str], list[Example]], list[float | None]]

@@ -1,0 +1,260 @@
+"""Reward functions from user code, with TRL's signature, and reward models (`model:PATH`).
+
+A TRL reward function is any callable
+
+    fn(prompts, completions, completion_ids=..., **columns) -> list[float | None]
+
+where `columns` are every dataset column other than the prompt, as lists with one item per
+completion, and None means "not applicable to this sample". For conversational prompts (a list
+of {"role", "content"} messages) each completion is passed as [{"role": "assistant", "content": text}],
+as TRL does. TRL's trainer-only keywords (`trainer_state`, `log_extra`, `log_metric`) are not passed.
+
+A spec names the function: `"my_rewards.py:brevity"` (a file), `"mypkg.scoring:judge"` (a module),
+`"model:PATH"` (a local `AutoModelForSequenceClassification` directory, scored in batches with
+torch, logit 0 as the reward, as TRL does) or a built-in name (`jaxcore.rewards.REWARDS`). Every
+reward is a picklable `RewardFn` that imports its function by spec in whichever process calls
+it (the scoring workers too); nothing unpicklable crosses a process boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxcore.rewards.types import Example, RewardFn, TaskError
+
+TRL_KEYWORDS = ("prompts", "completions", "completion_ids")
+
+
+class RewardFunctionError(TaskError):
+    """A user reward function cannot be imported, called or trusted (one line, exit 2)."""
+
+
+class Completion(str):
+    """A completion's text that also carries its token ids (`.ids`), for TRL's `completion_ids`."""
+
+    ids: tuple[int, ...] = ()
+
+    def __new__(cls, text: str, ids: Sequence[int] = ()) -> Completion:
+        obj = super().__new__(cls, text)
+        obj.ids = tuple(int(i) for i in ids)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Completion, (str(self), self.ids)
+
+
+def is_conversation(prompt: Any) -> bool:
+    """TRL's conversational format: a list of {"role", "content"} messages."""
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+
+
+def _load_file_module(path: Path) -> Any:
+    name = f"jaxcore_user_rewards_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def import_function(spec: str) -> Callable[..., Any]:
+    """The callable a `file.py:name` or `package.module:name` spec points at (one-line errors)."""
+    location, _, attr = spec.rpartition(":")
+    if not location or not attr:
+        raise RewardFunctionError(f"reward function {spec!r}: expected 'file.py:function' or 'module:function'")
+    try:
+        if location.endswith(".py") or "/" in location:
+            path = Path(location).expanduser().absolute()
+            if not path.is_file():
+                raise RewardFunctionError(f"reward function {spec!r}: file {location} not found")
+            module = _load_file_module(path)
+        else:
+            module = importlib.import_module(location)
+    except RewardFunctionError:
+        raise
+    except Exception as err:
+        raise RewardFunctionError(f"reward function {spec!r}: cannot import it ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''})") from err
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise RewardFunctionError(f"reward function {spec!r}: {location} has no attribute {attr!r}")
+    if not callable(fn):
+        raise RewardFunctionError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def check_signature(name: str, fn: Callable[..., Any], columns: Sequence[str]) -> None:
+    """Refuse a function that TRL could not call with these dataset columns."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return                                          # builtins and C callables: trust them
+    kwargs = {key: [] for key in (*TRL_KEYWORDS, *columns)}
+    try:
+        signature.bind(**kwargs)
+    except TypeError as err:
+        raise RewardFunctionError(
+            f"reward function {name!r} cannot be called as fn(prompts=, completions=, completion_ids=, "
+            f"**columns) with columns {sorted(columns)}: {err} (give it **kwargs, as TRL requires)") from None
+
+
+class TRLReward:
+    """A TRL-signature function as a picklable `RewardFn` (imported by spec, or pickled by reference)."""
+
+    def __init__(self, name: str, spec: str | None = None, fn: Callable[..., Any] | None = None):
+        if (spec is None) == (fn is None):
+            raise ValueError("give exactly one of spec or fn")
+        self.name, self.spec, self._fn = name, spec, fn
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        if self._fn is None:
+            self._fn = import_function(self.spec)
+        return self._fn
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "spec": self.spec, "_fn": None if self.spec else self._fn}
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float | None]:
+        prompts = [e.prompt for e in examples]
+        texts = [[{"role": "assistant", "content": str(c)}] if is_conversation(e.prompt) else str(c)
+                 for c, e in zip(completions, examples)]
+        keys = list(dict.fromkeys(k for e in examples for k in e.columns))
+        columns = {key: [e.columns.get(key) for e in examples] for key in keys}
+        ids = [list(getattr(c, "ids", ())) for c in completions]
+        return self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns)
+
+
+class RewardModel:
+    """`model:PATH`: a local sequence-classification model; reward = logit 0 of prompt + completion (TRL)."""
+
+    def __init__(self, path: str, batch_size: int = 32):
+        self.path, self.batch_size = path, batch_size
+        self._loaded: tuple[Any, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "batch_size": self.batch_size, "_loaded": None}
+
+    def load(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            if not (Path(self.path) / "config.json").is_file():
+                raise RewardFunctionError(f"reward model {self.path}: no config.json")
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+                model = AutoModelForSequenceClassification.from_pretrained(self.path, local_files_only=True).eval()
+            except (OSError, ValueError) as err:
+                raise RewardFunctionError(f"reward model {self.path}: {str(err).splitlines()[0]}") from err
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            if model.config.pad_token_id is None:
+                model.config.pad_token_id = tokenizer.pad_token_id
+            self._loaded = (model, tokenizer)
+        return self._loaded
+
+    def texts(self, completions: Sequence[str], examples: Sequence[Example]) -> list[str]:
+        """prompt + completion; conversations rendered with the reward model's chat template, as TRL."""
+        _, tokenizer = self.load()
+        out = []
+        for completion, example in zip(completions, examples):
+            if is_conversation(example.prompt):
+                messages = [*example.prompt, {"role": "assistant", "content": str(completion)}]
+                out.append(tokenizer.apply_chat_template(messages, tokenize=False))
+            else:
+                out.append(example.prompt + str(completion))
+        return out
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+        import torch
+
+        model, tokenizer = self.load()
+        texts, rewards = self.texts(completions, examples), []
+        for start in range(0, len(texts), self.batch_size):
+            batch = tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
+                              padding_side="right", add_special_tokens=False)
+            with torch.inference_mode():
+                rewards.extend(model(**batch).logits[:, 0].float().tolist())
+        return rewards
+
+
+def function_name(spec: str | Callable[..., Any]) -> str:
+    """The metric name of a reward: the function's name, or `model:<dir name>`."""
+    if callable(spec):
+        return getattr(spec, "__name__", type(spec).__name__)
+    if spec.startswith("model:"):
+        return f"model:{Path(spec[6:]).name}"
+    return spec.rpartition(":")[2] if ":" in spec else spec
+
+
+def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequence[float] | None = None,
+                    columns: Sequence[str] = ()) -> tuple[dict[str, RewardFn], dict[str, float]]:
+    """Reward fns and weights from specs or callables (file/module specs, `model:PATH`, built-in names)."""
+    from jaxcore.rewards.registry import REWARDS
+
+    if not functions:
+        raise RewardFunctionError("rewards.functions is empty")
+    if weights is not None and len(weights) != len(functions):
+        raise RewardFunctionError(f"rewards.weights has {len(weights)} entries for {len(functions)} functions")
+    fns: dict[str, RewardFn] = {}
+    for entry in functions:
+        name = function_name(entry)
+        while name in fns:
+            name += "_"
+        if callable(entry):
+            check_signature(name, entry, columns)
+            fns[name] = TRLReward(name, fn=entry)
+        elif not isinstance(entry, str):
+            raise RewardFunctionError(f"reward function {entry!r}: expected a name, a spec or a callable")
+        elif entry.startswith("model:"):
+            fns[name] = RewardModel(entry[6:])
+        elif ":" in entry:
+            check_signature(entry, import_function(entry), columns)
+            fns[name] = TRLReward(name, spec=entry)
+        elif entry in REWARDS:
+            fns[name] = REWARDS[entry]
+        else:
+            raise RewardFunctionError(f"reward function {entry!r}: not a built-in reward ({', '.join(sorted(REWARDS))})"
+                                      " and not a 'file.py:function' or 'module:function' spec")
+    values = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
+    return fns, dict(zip(fns, values))
+
+
+def probe_rewards(fns: dict[str, RewardFn], examples: Sequence[Example]) -> None:
+    """Call each user function once on empty completions: a crash, a wrong count or a non-number
+    return is a one-line `RewardFunctionError` before any training starts."""
+    from jaxcore.rewards.scoring import to_values
+
+    completions = [Completion("") for _ in examples]
+    for name, fn in fns.items():
+        if not isinstance(fn, TRLReward):
+            continue
+        try:
+            output = fn(completions, list(examples))
+        except Exception as err:
+            raise RewardFunctionError(f"reward function {name!r} failed on a probe call with empty completions: "
+                                      f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        try:
+            to_values(output, len(examples))
+        except ValueError as err:
+            raise RewardFunctionError(f"reward function {name!r} {err}") from None
+
+
+RewardSpecs = Sequence[str | Callable[..., Any]]
+__all__ = ["Completion", "RewardFunctionError", "RewardModel", "TRLReward", "is_conversation", "probe_rewards",
+           "resolve_rewards"]

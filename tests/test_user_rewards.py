@@ -1,0 +1,199 @@
+"""Bring your own task: TRL-style reward functions from user code, datasets with columns, conversational
+prompts, None rewards, reward models, the Python trainer API, and one-line errors for bad functions."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxcore.cli import main
+from jaxcore.rewards import Example, Scorer
+from jaxcore.rewards.user_functions import Completion, RewardFunctionError, resolve_rewards
+
+REWARDS_PY = '''
+def brevity(prompts, completions, completion_ids, target_len, **kwargs):
+    """TRL signature with an extra dataset column; None for rows that opt out."""
+    out = []
+    for completion, ids, target in zip(completions, completion_ids, target_len):
+        text = completion if isinstance(completion, str) else completion[0]["content"]
+        out.append(None if target is None else -abs(len(ids) - target) + 0.0 * len(text))
+    return out
+
+
+def echo_columns(prompts, completions, **kwargs):
+    return [float(len(kwargs)) for _ in completions]
+
+
+def wrong_count(prompts, completions, **kwargs):
+    return [1.0]
+
+
+def not_numbers(prompts, completions, **kwargs):
+    return ["high" for _ in completions]
+
+
+def crashes(prompts, completions, **kwargs):
+    raise RuntimeError("boom")
+
+
+def no_kwargs(prompts, completions):
+    return [0.0 for _ in completions]
+'''
+
+
+@pytest.fixture()
+def user_files(tmp_path):
+    (tmp_path / "my_rewards.py").write_text(REWARDS_PY)
+    rows = [{"prompt": f"{a}+{a}=", "target_len": 2 + a % 3, "topic": "math"} for a in range(10, 40)]
+    rows[0]["target_len"] = None
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": [{"role": "system", "content": "Add."},
+                                                   {"role": "user", "content": r["prompt"]}],
+                                        "target_len": r["target_len"]}) + "\n" for r in rows))
+    return tmp_path
+
+
+def examples_with(columns, prompt="p"):
+    return [Example(prompt, None, dict(c)) for c in columns]
+
+
+def test_trl_function_gets_columns_ids_and_none(user_files):
+    fns, weights = resolve_rewards([f"{user_files}/my_rewards.py:brevity", f"{user_files}/my_rewards.py:echo_columns"],
+                                   [1.0, 0.5], columns=["target_len", "topic"])
+    assert list(fns) == ["brevity", "echo_columns"] and weights == {"brevity": 1.0, "echo_columns": 0.5}
+    examples = examples_with([{"target_len": 3, "topic": "x"}, {"target_len": None, "topic": "y"}])
+    completions = [Completion("abc", [5, 6, 7, 8]), Completion("d", [9])]
+    result = Scorer(fns, weights).score(completions, examples)
+    np.testing.assert_allclose(result.per_function["brevity"], [-1.0, np.nan])
+    np.testing.assert_allclose(result.per_function["echo_columns"], [3.0, 3.0])  # completion_ids, target_len, topic
+    np.testing.assert_allclose(result.rewards_B, [-1.0 + 1.5, 1.5])                # None skipped (NaN-aware)
+
+
+def test_conversational_prompt_gets_message_completions():
+    seen = {}
+
+    def record(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions)
+        return [1.0] * len(completions)
+
+    fns, _ = resolve_rewards([record])
+    conversation = [{"role": "user", "content": "hi"}]
+    fns["record"]([Completion("hello", [1])], [Example(conversation, None, {})])
+    assert seen == {"prompts": [conversation], "completions": [[{"role": "assistant", "content": "hello"}]]}
+
+
+def test_functions_are_imported_by_spec_in_worker_processes(user_files):
+    fns, weights = resolve_rewards([f"{user_files}/my_rewards.py:brevity"], columns=["target_len"])
+    examples = examples_with([{"target_len": 1}] * 4)
+    with Scorer(fns, weights, num_workers=2) as scorer:
+        result = scorer.score([Completion("a", [1, 2])] * 4, examples)
+    np.testing.assert_allclose(result.per_function["brevity"], [-1.0] * 4)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("missing.py:fn", "file missing.py not found"),
+    ("{dir}/my_rewards.py:nope", "has no attribute 'nope'"),
+    ("jaxcore.no_such_module:fn", "cannot import it (ModuleNotFoundError"),
+    ("{dir}/my_rewards.py:no_kwargs", "give it **kwargs"),
+    ("{dir}/my_rewards.py:wrong_count", "returned 1 values for 1 samples"),
+    ("{dir}/my_rewards.py:not_numbers", "returned 'high' for sample 0"),
+    ("{dir}/my_rewards.py:crashes", "failed on a probe call with empty completions: RuntimeError: boom"),
+    ("not_a_builtin", "not a built-in reward"),
+])
+def test_bad_reward_functions_are_one_line_errors(user_files, tiny_dir, capsys, spec, message):
+    spec = spec.format(dir=user_files)
+    if spec.endswith("wrong_count"):
+        message = "returned 1 values for"
+    capsys.readouterr()
+    code = main(["es", f"model.path={tiny_dir('llama')}", f"train.out_dir={user_files / 'out'}", "task.name=file",
+                 f"task.options.path={user_files / 'data.jsonl'}", f"rewards.functions=[{spec}]",
+                 "train.epochs=1", "train.progress=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+    assert not (user_files / "out" / "checkpoints").exists()
+
+
+def run_args(model, out, data, *extra):
+    return ["es", f"model.path={model}", f"train.out_dir={out}", "task.name=file", f"task.options.path={data}",
+            "rollout.prompts_per_epoch=4", "rollout.max_new_tokens=4", "rollout.temperature=1.0", "es.population=8",
+            "train.epochs=2", "train.eval_prompts=3", "train.eval_every=2", "train.progress=false",
+            "train.tensorboard=false", "train.export_hf=false", *extra]
+
+
+@pytest.mark.parametrize("data", ["data.jsonl", "chat.jsonl"])
+def test_cli_trains_with_a_user_reward_file(user_files, tiny_dir, capsys, data):
+    out = user_files / f"run-{data}"
+    code = main(run_args(tiny_dir("llama"), out, user_files / data,
+                         f"rewards.functions=[{user_files}/my_rewards.py:brevity,exact_match]",
+                         "rewards.weights=[1.0,0.0]"))
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "rewards/brevity/mean" in r]
+    assert len(trained) == 2 and all(np.isfinite(r["rewards/brevity/mean"]) for r in trained)
+    assert all(r["rewards/brevity/mean"] <= 0 for r in trained)
+
+
+def brevity_reward(prompts, completions, completion_ids, target_len, **kwargs):
+    return [None if t is None else -abs(len(ids) - t) for ids, t in zip(completion_ids, target_len)]
+
+
+@pytest.mark.parametrize("trainer_name", ["ESTrainer", "GRPOTrainer"])
+def test_python_api_with_callable_and_list_dataset(tmp_path, tiny_dir, trainer_name):
+    import jaxcore
+
+    trainer_type = getattr(jaxcore, trainer_name)
+    args = trainer_type.config_type()
+    args.rollout.prompts_per_epoch, args.rollout.max_new_tokens, args.rollout.temperature = 4, 4, 1.0
+    if trainer_name == "ESTrainer":
+        args.es.population = 8
+    else:
+        args.rollout.generations_per_prompt, args.optimizer.learning_rate = 2, 1e-3
+    t = args.train
+    t.epochs, t.eval_prompts, t.eval_every, t.progress, t.tensorboard = 2, 3, 2, False, False
+    t.out_dir = str(tmp_path / "out")
+    rows = [{"prompt": f"{a}+{a}=", "target_len": 3} for a in range(10, 30)]
+    trainer = trainer_type(model=str(tiny_dir("llama")), reward_funcs=[brevity_reward], train_dataset=rows[:16],
+                           eval_dataset=rows[16:], args=args)
+    summary = trainer.train()
+    assert summary["eval_reward_before"] is not None and summary["eval_reward_after"] is not None
+    assert Path(summary["final_hf"], "config.json").is_file()
+    assert (tmp_path / "out" / "metrics.jsonl").is_file() and (tmp_path / "out" / "checkpoints").is_dir()
+
+
+def test_reward_model_directory_scores_like_trl(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from jaxcore.tiny import write_tiny_checkpoint
+    from jaxcore.tokenization import load_tokenizer
+
+    tok_dir = write_tiny_checkpoint(tmp_path / "tok", "llama")
+    config = LlamaConfig(vocab_size=load_tokenizer(tok_dir).vocab_size + 8, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_labels=1)
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path / "rm")
+    load_tokenizer(tok_dir).save_pretrained(tmp_path / "rm")
+    fns, _ = resolve_rewards([f"model:{tmp_path / 'rm'}"])
+    (name, reward_model), = fns.items()
+    assert name == "model:rm"
+    examples = [Example("1+1=", None, {}), Example([{"role": "user", "content": "hi"}], None, {})]
+    rewards = reward_model([Completion("2"), Completion("hello there")], examples)
+    tokenizer = load_tokenizer(tmp_path / "rm")
+    texts = ["1+1=2", tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "hello there"}], tokenize=False)]
+    model.config.pad_token_id = tokenizer.pad_token_id
+    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.inference_mode():
+        expected = model(**batch).logits[:, 0].tolist()
+    np.testing.assert_allclose(rewards, expected, atol=1e-6)
+
+
+def test_reward_spec_errors_without_cli():
+    with pytest.raises(RewardFunctionError, match="expected 'file.py:function'"):
+        resolve_rewards([":fn"])
+    with pytest.raises(RewardFunctionError, match="rewards.weights has 2 entries for 1 functions"):
+        resolve_rewards(["exact_match"], [1.0, 2.0])
