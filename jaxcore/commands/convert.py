@@ -3,6 +3,7 @@
 examples:
   jaxcore convert --from-hf ./SmolLM2-135M --out ./ckpt/smollm2
   jaxcore convert --to-hf ./ckpt/smollm2 --out ./exported --dtype bfloat16
+  jaxcore convert --from-gguf ./SmolLM2-135M-Instruct.Q4_1.gguf --out ./smollm2-hf   # needs `pip install gguf`
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-hf", metavar="DIR", help="HF directory (config.json + safetensors)")
     source.add_argument("--to-hf", metavar="CKPT", help="jaxcore checkpoint directory")
+    source.add_argument("--from-gguf", metavar="FILE", help="GGUF file (llama.cpp/Ollama) -> HF directory, dequantized")
     parser.add_argument("--out", required=True, help="output directory (written atomically)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="--to-hf only: tensor dtype of the export (default: the source's)")
@@ -23,7 +25,12 @@ def run(args: argparse.Namespace) -> int:
     from jaxcore.convert import flat_state, load_hf, save_hf
     from jaxcore.model_checkpoint import load_model, save_model, tokenizer_dir
 
-    if args.from_hf:
+    if args.from_gguf:
+        from jaxcore.gguf_import import gguf_to_hf
+
+        out = gguf_to_hf(args.from_gguf, args.out)
+        model = load_hf(out)                                # checks the mapping is strict-complete
+    elif args.from_hf:
         model = load_hf(args.from_hf)
         out = save_model(model, args.out, tokenizer_dir=args.from_hf)
     else:
