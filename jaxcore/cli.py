@@ -39,10 +39,12 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         types.append(ConfigValueError)
     except ImportError:
         pass
+    from jaxcore.checkpoint import CheckpointWriteError
     from jaxcore.rewards import TaskError
+    from jaxcore.run_guard import OutDirLockedError, ResumeError
     from jaxcore.train import TaskConfigError, TrainingError
 
-    types += [TaskError, TaskConfigError, TrainingError]
+    types += [TaskError, TaskConfigError, TrainingError, CheckpointWriteError, OutDirLockedError, ResumeError]
     return tuple(types)
 
 

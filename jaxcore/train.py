@@ -31,6 +31,7 @@ from jaxcore.config import to_dict
 from jaxcore.generate import generate
 from jaxcore.metrics import MetricsLogger, plot_rewards
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
+from jaxcore.run_guard import OutDirLock, check_resume_compatible
 from jaxcore.tokenization import decode_completions, encode_prompts
 
 log = logging.getLogger(__name__)
@@ -147,13 +148,23 @@ class Runner:
         return Scorer(self.task.reward_fns, self.task.reward_weights, num_workers=r.num_workers,
                       timeout_s=r.timeout_s, fallback=r.fallback)
 
-    def _save(self, epoch: int, *, wait: bool = False) -> None:
-        meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg)}
-        self.checkpointer.save(epoch, self.algorithm.checkpoint_state(), meta, wait=wait)
+    @property
+    def algorithm_name(self) -> str:
+        """"es" or "grpo" (from the config class), stored in checkpoints to refuse cross-algorithm resumes."""
+        return type(self.cfg).__name__.removesuffix("Config").lower()
 
-    def _resume(self) -> int:
-        """Restore the latest checkpoint; returns the first epoch still to run."""
-        state, meta = self.checkpointer.restore(self.algorithm.checkpoint_state())
+    def _save(self, epoch: int, *, wait: bool = False) -> None:
+        state = self.algorithm.checkpoint_state()
+        meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg),
+                "algorithm": self.algorithm_name, "shapes": state_shapes(state)}
+        self.checkpointer.save(epoch, state, meta, wait=wait)
+
+    def _resume(self, allow_changes: bool = False) -> int:
+        """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
+        target = self.algorithm.checkpoint_state()
+        config, shapes = to_dict(self.cfg), state_shapes(target)
+        state, meta = self.checkpointer.restore_newest(
+            target, lambda meta: check_resume_compatible(meta, config, self.algorithm_name, shapes, allow_changes))
         self.algorithm.restore_state(state)
         log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
         return int(meta["epoch"]) + 1
@@ -165,14 +176,27 @@ class Runner:
                         chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
                         eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None))
 
-    def run(self, resume: bool = False) -> dict[str, Any]:
+    def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
-        t = self.cfg.train
         if not resume and self.checkpointer.latest_step() is not None:
             self.checkpointer.close()
             raise TrainingError(f"{self.checkpointer.directory} already holds checkpoints: pass --resume to continue, "
                                 "or choose another train.out_dir")
-        start = self._resume() if resume else 0
+        try:
+            return self._run(resume, allow_changes)
+        except BaseException:
+            self._close_quietly()           # pending saves finish, so the last good checkpoint is committed
+            raise
+
+    def _close_quietly(self) -> None:
+        try:
+            self.checkpointer.close()
+        except Exception as err:  # noqa: BLE001 -- the original error is the one to report
+            log.warning("%s", err)
+
+    def _run(self, resume: bool, allow_changes: bool) -> dict[str, Any]:
+        t = self.cfg.train
+        start = self._resume(allow_changes) if resume else 0
         logger = MetricsLogger(self.out_dir if self.is_main else self.out_dir / f"process{jax.process_index()}",
                                tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
         summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
@@ -198,7 +222,6 @@ class Runner:
                     if bad_steps >= t.max_bad_steps:
                         logger.log(epoch + 1, metrics)
                         logger.close()
-                        self.checkpointer.close()
                         raise TrainingError(f"{bad_steps} consecutive bad steps ({result.reason}); stopped at epoch "
                                             f"{epoch}, last good checkpoint in {self.checkpointer.directory}")
                 else:
@@ -235,8 +258,14 @@ class Runner:
         return evals[-1] if evals else None
 
 
+def state_shapes(state: Any) -> dict[str, list[int]]:
+    """{tree path: shape} of every array in a checkpoint state (to name a model change on resume)."""
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in leaves}
+
+
 def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
-                 resume: bool = False) -> dict[str, Any]:
+                 resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
     """Load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer, eos_token_ids)`, run the
     `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when `train.export_hf`).
 
@@ -265,7 +294,10 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume)
+    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
+    with OutDirLock(cfg.train.out_dir, lock_name):
+        summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
+                                                                                 allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
         summary["final_hf"] = str(save_hf(algorithm.model, Path(cfg.train.out_dir) / "final_hf",
                                           tokenizer_dir=tok_dir))

@@ -19,6 +19,8 @@ from collections.abc import Callable
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (see configs/)")
     parser.add_argument("--resume", action="store_true", help="continue from train.out_dir/checkpoints")
+    parser.add_argument("--resume-allow-changes", action="store_true",
+                        help="with --resume: accept a checkpoint written with an incompatible config (logged)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
@@ -33,16 +35,16 @@ def run_config_job(args: argparse.Namespace, schema: type, train: Callable[..., 
     from jaxcore.config import load_config
 
     cfg = load_config(schema, args.config, args.overrides)
-    summary = train(cfg, resume=args.resume)
+    summary = train(cfg, resume=args.resume, allow_changes=args.resume_allow_changes)
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")
     return 0
 
 
-def train_es(cfg, resume: bool = False) -> dict:
+def train_es(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
     """Load the model, build the EGGROLL algorithm and run it; exports final_hf when configured."""
     from jaxcore.es_trainer import EggrollAlgorithm
     from jaxcore.train import run_training
 
     return run_training(cfg, lambda model, tokenizer, eos: EggrollAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
-                        resume)
+                        resume, allow_changes)

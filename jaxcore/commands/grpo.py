@@ -28,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
     return run_config_job(args, GRPOConfig, train_grpo)
 
 
-def train_grpo(cfg, resume: bool = False) -> dict:
+def train_grpo(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
     """Load the model, build the GRPO algorithm and run it; exports final_hf when configured."""
     from jaxcore.grpo_trainer import GRPOAlgorithm
     from jaxcore.train import run_training
 
     return run_training(cfg, lambda model, tokenizer, eos: GRPOAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
-                        resume)
+                        resume, allow_changes)
