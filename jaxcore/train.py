@@ -32,7 +32,7 @@ from jaxcore.generate import generate
 from jaxcore.metrics import MetricsLogger, plot_rewards
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
 from jaxcore.run_guard import OutDirLock, check_resume_compatible
-from jaxcore.tokenization import decode_completions, encode_prompts
+from jaxcore.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, *, max_new_tokens: int,
              batch_size: int, chat_template: bool = False, system: str | None = None,
-             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None) -> dict[str, Any]:
+             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
+             prompt_limit: PromptLimit | None = None) -> dict[str, Any]:
     """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
 
     With `row_sharding` (e.g. replicated over a multi-process mesh) the batch lives on that mesh.
@@ -98,7 +99,9 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
     texts: list[str] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], chat_template=chat_template, system=system)
+        ids, mask, _ = encode_prompts_limited(tokenizer, [e.prompt for e in chunk],
+                                              prompt_limit or PromptLimit(model.config.max_position_embeddings),
+                                              max_new_tokens, chat_template=chat_template, system=system)
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
                           eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
                           row_sharding=row_sharding)
@@ -174,7 +177,8 @@ class Runner:
         return evaluate(self.algorithm.model, self.tokenizer, self.eval_examples, scorer,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
                         chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
-                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None))
+                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None),
+                        prompt_limit=rollout_prompt_limit(self.cfg.rollout, self.algorithm.model.config))
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
