@@ -51,7 +51,8 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list
     for key in sorted(set(old) | set(new)):
         if old.get(key, "<unset>") != new.get(key, "<unset>"):
             change = f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
-            (harmless if is_harmless(key) else incompatible).append(change)
+            new_key = key not in old           # a key added to the schema since the checkpoint was written
+            (harmless if is_harmless(key) or new_key else incompatible).append(change)
     return incompatible, harmless
 
 
