@@ -48,6 +48,19 @@ CASES = [
                                                      " ".join(["7"] * 1200), "--no-truncate-prompts"]),
     ("convert-missing", "jaxcore", ["convert", "--from-hf", "{tmp}/missing", "--out", "{tmp}/c"]),
     ("convert-not-dir", "jaxcore", ["convert", "--from-hf", "{tmp}/notdir", "--out", "{tmp}/c"]),
+    ("es-bad-flag", "jaxcore", ["es", "--no-such-flag"]),
+    ("unknown-command", "jaxcore", ["nope"]),
+    ("datagen-missing-questions", "torchref", ["rft-datagen", "--model", "{model}", "--questions",
+                                               "{tmp}/missing.json", "--out", "{tmp}/r.json"]),
+    ("datagen-bad-questions", "torchref", ["rft-datagen", "--model", "{model}", "--questions",
+                                           "{tmp}/broken.jsonl", "--out", "{tmp}/r.json"]),
+    ("datagen-bad-temperature", "torchref", ["rft-datagen", "--model", "{model}", "--questions",
+                                             "{tmp}/broken.jsonl", "--out", "{tmp}/r.json", "--temperature", "x"]),
+    ("train-missing-data", "torchref", ["rft-train", "--model", "{model}", "--data", "{tmp}/missing.json",
+                                        "--out", "{tmp}/t"]),
+    ("eval-missing-model", "torchref", ["rft-eval", "--model", "{tmp}/missing", "--questions",
+                                        "{tmp}/broken.jsonl"]),
+    ("data-bad-count", "torchref", ["rft-data", "--out", "{tmp}/d", "--train", "many"]),
 ]
 
 
