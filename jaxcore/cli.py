@@ -39,10 +39,14 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         types.append(ConfigValueError)
     except ImportError:
         pass
+    from jaxcore.checkpoint import CheckpointWriteError
     from jaxcore.rewards import TaskError
+    from jaxcore.run_guard import OutDirLockedError, ResumeError
+    from jaxcore.tokenization import PromptLengthError
     from jaxcore.train import TaskConfigError, TrainingError
 
-    types += [TaskError, TaskConfigError, TrainingError]
+    types += [TaskError, TaskConfigError, TrainingError, CheckpointWriteError, OutDirLockedError, ResumeError,
+              PromptLengthError]
     return tuple(types)
 
 

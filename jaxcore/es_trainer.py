@@ -19,7 +19,7 @@ from jaxcore.convert import flat_state
 from jaxcore.generate import generate
 from jaxcore.optim import make_schedule
 from jaxcore.rewards import Example, Scorer
-from jaxcore.tokenization import decode_completions, encode_prompts
+from jaxcore.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.train import StepResult
 from jaxcore.train_config import ESConfig
 
@@ -91,8 +91,9 @@ class EggrollAlgorithm:
     def rollout_rows(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray, list[Example]]:
         """Prompt ids/mask for every row (member-major, prompt-major inside) and each row's example."""
         r = self.cfg.rollout
-        ids, mask = encode_prompts(self.tokenizer, [e.prompt for e in examples], chat_template=r.chat_template,
-                                   system=r.system_prompt)
+        ids, mask, self.prompts_truncated = encode_prompts_limited(
+            self.tokenizer, [e.prompt for e in examples], rollout_prompt_limit(r, self.model.config),
+            r.max_new_tokens, chat_template=r.chat_template, system=r.system_prompt)
         g, n = r.generations_per_prompt, self.cfg.es.population
         member_ids, member_mask = np.repeat(ids, g, axis=0), np.repeat(mask, g, axis=0)
         row_examples = [e for e in examples for _ in range(g)] * n
@@ -119,6 +120,7 @@ class EggrollAlgorithm:
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_max": float(rewards.max()),
             "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(lengths)),
             "num_tokens": int(allgather_sum(np.array([lengths.sum()]))[0]),
+            "prompts/truncated": self.prompts_truncated,
             **{f"rewards/{k}/mean": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
                for k, v in scores.per_function.items()},
             **{f"rewards/{k}/failures": v for k, v in scores.failures.items()},

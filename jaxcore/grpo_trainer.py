@@ -31,7 +31,7 @@ from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig, TrainState, build_batc
 from jaxcore.lora import LoRAConfig
 from jaxcore.model_checkpoint import load_any
 from jaxcore.rewards import Example, Scorer, ScoreResult
-from jaxcore.tokenization import decode_completions, encode_prompts
+from jaxcore.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.train import StepResult
 from jaxcore.train_config import GRPOConfig
 
@@ -171,9 +171,12 @@ class GRPOAlgorithm:
     def encode(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded prompt ids/mask, widened to a length bucket (one compiled train step per bucket)."""
         r = self.cfg.rollout
-        ids, mask = encode_prompts(self.tokenizer, [e.prompt for e in examples], chat_template=r.chat_template,
-                                   system=r.system_prompt)
-        return pad_left(ids, mask, bucket_length(ids.shape[1]), self.tokenizer.pad_token_id)
+        limit = rollout_prompt_limit(r, self.learner.model.config)
+        ids, mask, self.prompts_truncated = encode_prompts_limited(
+            self.tokenizer, [e.prompt for e in examples], limit, r.max_new_tokens, chat_template=r.chat_template,
+            system=r.system_prompt)
+        length = max(ids.shape[1], min(bucket_length(ids.shape[1]), limit.max_positions - r.max_new_tokens))
+        return pad_left(ids, mask, length, self.tokenizer.pad_token_id)
 
     def rollout(self, epoch: int, ids: np.ndarray, mask: np.ndarray) -> Any:
         """G sampled completions per prompt (prompt-major rows, sharded over the batch axes)."""
@@ -233,7 +236,8 @@ class GRPOAlgorithm:
         metrics: dict[str, Any] = {
             **reward_metrics(per_function, rewards_B, g, scale), **rollout, **mean_step_metrics(steps),
             **{f"rewards/{name}/failures": n for name, n in failures.items()},
-            "num_tokens": self.num_tokens, "timing/rollout": rolled - began, "timing/scoring": scored - rolled,
+            "num_tokens": self.num_tokens, "prompts/truncated": self.prompts_truncated,
+            "timing/rollout": rolled - began, "timing/scoring": scored - rolled,
             "timing/update": time.perf_counter() - scored, "step_time": time.perf_counter() - began}
         if not finite(steps[-1]):
             applied = f"; the {len(steps) - 1} before it were applied" if len(steps) > 1 else ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +13,65 @@ import numpy as np
 
 from jaxcore.convert import CheckpointError
 from jaxcore.rewards.user_functions import Completion, is_conversation
+
+log = logging.getLogger(__name__)
+
+
+class PromptLengthError(ValueError):
+    """A prompt or max_new_tokens that does not fit the model's positions (one line, exit 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLimit:
+    """How long prompts may be: the model's positions, an optional shorter cap, truncate or refuse."""
+
+    max_positions: int
+    max_prompt_length: int | None = None
+    truncate: bool = True               # True: keep the last tokens (left truncation, like TRL); False: refuse
+
+    def prompt_tokens(self, max_new_tokens: int) -> int:
+        """Prompt tokens that fit: the configured cap, and room for `max_new_tokens` in the positions."""
+        return min(self.max_prompt_length or self.max_positions, self.max_positions - max_new_tokens)
+
+
+def limit_prompts(ids_BT: np.ndarray, mask_BT: np.ndarray, limit: PromptLimit, max_new_tokens: int
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Left-padded prompts cut from the left to fit (or refused); returns ids, mask, rows truncated.
+
+    A prompt may keep `limit.prompt_tokens(max_new_tokens)` tokens: at most max_prompt_length, and
+    leaving max_new_tokens positions. Raises `PromptLengthError` when max_new_tokens leaves no room
+    for a prompt, and for a prompt over the limit with truncation off.
+    """
+    if max_new_tokens >= limit.max_positions:
+        raise PromptLengthError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                                f"{limit.max_positions} positions")
+    lengths_B = mask_BT.sum(-1)
+    keep = limit.prompt_tokens(max_new_tokens)
+    truncated = int((lengths_B > keep).sum())
+    if truncated:
+        what = (f"max_prompt_length {keep}" if keep == limit.max_prompt_length else
+                f"the {keep} positions left for a prompt (model {limit.max_positions} - max_new_tokens "
+                f"{max_new_tokens})")
+        if not limit.truncate:
+            raise PromptLengthError(f"{truncated} prompt(s) longer than {what} (longest {int(lengths_B.max())} "
+                                    "tokens); shorten them or enable prompt truncation")
+        log.warning("%d prompt(s) longer than %s (longest %d tokens): keeping their last %d tokens",
+                    truncated, what, int(lengths_B.max()), keep)
+        ids_BT, mask_BT = ids_BT[:, -keep:], mask_BT[:, -keep:]     # left padding: real tokens are on the right
+    return ids_BT, mask_BT, truncated
+
+
+def encode_prompts_limited(tokenizer: Any, prompts: Sequence[str], limit: PromptLimit, max_new_tokens: int, *,
+                           chat_template: bool = False, system: str | None = None
+                           ) -> tuple[np.ndarray, np.ndarray, int]:
+    """`encode_prompts` then `limit_prompts`: ids, mask [B, T] and the number of prompts truncated."""
+    ids, mask = encode_prompts(tokenizer, prompts, chat_template=chat_template, system=system)
+    return limit_prompts(ids, mask, limit, max_new_tokens)
+
+
+def rollout_prompt_limit(rollout: Any, model_config: Any) -> PromptLimit:
+    """The `PromptLimit` of a training config's rollout section for a model."""
+    return PromptLimit(model_config.max_position_embeddings, rollout.max_prompt_length, rollout.truncate_prompts)
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

@@ -31,7 +31,8 @@ from jaxcore.config import to_dict
 from jaxcore.generate import generate
 from jaxcore.metrics import MetricsLogger, plot_rewards
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
-from jaxcore.tokenization import decode_completions, encode_prompts
+from jaxcore.run_guard import OutDirLock, check_resume_compatible
+from jaxcore.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, *, max_new_tokens: int,
              batch_size: int, chat_template: bool = False, system: str | None = None,
-             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None) -> dict[str, Any]:
+             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
+             prompt_limit: PromptLimit | None = None) -> dict[str, Any]:
     """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
 
     With `row_sharding` (e.g. replicated over a multi-process mesh) the batch lives on that mesh.
@@ -97,7 +99,9 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
     texts: list[str] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], chat_template=chat_template, system=system)
+        ids, mask, _ = encode_prompts_limited(tokenizer, [e.prompt for e in chunk],
+                                              prompt_limit or PromptLimit(model.config.max_position_embeddings),
+                                              max_new_tokens, chat_template=chat_template, system=system)
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
                           eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
                           row_sharding=row_sharding)
@@ -173,13 +177,23 @@ class Runner:
         return Scorer(self.task.reward_fns, self.task.reward_weights, num_workers=r.num_workers,
                       timeout_s=r.timeout_s, fallback=r.fallback)
 
-    def _save(self, epoch: int, *, wait: bool = False) -> None:
-        meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg)}
-        self.checkpointer.save(epoch, self.algorithm.checkpoint_state(), meta, wait=wait)
+    @property
+    def algorithm_name(self) -> str:
+        """"es" or "grpo" (from the config class), stored in checkpoints to refuse cross-algorithm resumes."""
+        return type(self.cfg).__name__.removesuffix("Config").lower()
 
-    def _resume(self) -> int:
-        """Restore the latest checkpoint; returns the first epoch still to run."""
-        state, meta = self.checkpointer.restore(self.algorithm.checkpoint_state())
+    def _save(self, epoch: int, *, wait: bool = False) -> None:
+        state = self.algorithm.checkpoint_state()
+        meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg),
+                "algorithm": self.algorithm_name, "shapes": state_shapes(state)}
+        self.checkpointer.save(epoch, state, meta, wait=wait)
+
+    def _resume(self, allow_changes: bool = False) -> int:
+        """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
+        target = self.algorithm.checkpoint_state()
+        config, shapes = to_dict(self.cfg), state_shapes(target)
+        state, meta = self.checkpointer.restore_newest(
+            target, lambda meta: check_resume_compatible(meta, config, self.algorithm_name, shapes, allow_changes))
         self.algorithm.restore_state(state)
         log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
         return int(meta["epoch"]) + 1
@@ -189,16 +203,30 @@ class Runner:
         return evaluate(self.algorithm.model, self.tokenizer, self.eval_examples, scorer,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
                         chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
-                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None))
+                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None),
+                        prompt_limit=rollout_prompt_limit(self.cfg.rollout, self.algorithm.model.config))
 
-    def run(self, resume: bool = False) -> dict[str, Any]:
+    def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
-        t = self.cfg.train
         if not resume and self.checkpointer.latest_step() is not None:
             self.checkpointer.close()
             raise TrainingError(f"{self.checkpointer.directory} already holds checkpoints: pass --resume to continue, "
                                 "or choose another train.out_dir")
-        start = self._resume() if resume else 0
+        try:
+            return self._run(resume, allow_changes)
+        except BaseException:
+            self._close_quietly()           # pending saves finish, so the last good checkpoint is committed
+            raise
+
+    def _close_quietly(self) -> None:
+        try:
+            self.checkpointer.close()
+        except Exception as err:  # noqa: BLE001 -- the original error is the one to report
+            log.warning("%s", err)
+
+    def _run(self, resume: bool, allow_changes: bool) -> dict[str, Any]:
+        t = self.cfg.train
+        start = self._resume(allow_changes) if resume else 0
         logger = MetricsLogger(self.out_dir if self.is_main else self.out_dir / f"process{jax.process_index()}",
                                tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
         summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
@@ -224,7 +252,6 @@ class Runner:
                     if bad_steps >= t.max_bad_steps:
                         logger.log(epoch + 1, metrics)
                         logger.close()
-                        self.checkpointer.close()
                         raise TrainingError(f"{bad_steps} consecutive bad steps ({result.reason}); stopped at epoch "
                                             f"{epoch}, last good checkpoint in {self.checkpointer.directory}")
                 else:
@@ -261,8 +288,14 @@ class Runner:
         return evals[-1] if evals else None
 
 
+def state_shapes(state: Any) -> dict[str, list[int]]:
+    """{tree path: shape} of every array in a checkpoint state (to name a model change on resume)."""
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in leaves}
+
+
 def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
-                 resume: bool = False, *, task: Any = None, model: Any = None,
+                 resume: bool = False, allow_changes: bool = False, *, task: Any = None, model: Any = None,
                  tokenizer_dir: str | None = None) -> dict[str, Any]:
     """Load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer, eos_token_ids)`, run the
     `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when `train.export_hf`).
@@ -296,7 +329,10 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume)
+    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
+    with OutDirLock(cfg.train.out_dir, lock_name):
+        summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
+                                                                                 allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
         export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
         summary["final_hf"] = str(save_hf(export, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))

@@ -30,6 +30,8 @@ class RolloutSection:
     min_p: float = 0.0
     chat_template: bool = False
     system_prompt: str | None = None
+    max_prompt_length: int | None = None  # prompt tokens kept (None: the model's positions)
+    truncate_prompts: bool = True       # longer prompts: keep the last tokens (warned, counted) or refuse
 
 
 @dataclasses.dataclass

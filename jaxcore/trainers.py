@@ -60,14 +60,15 @@ class _Trainer:
     def make_algorithm(self, model: Any, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> Any:
         raise NotImplementedError
 
-    def train(self, resume: bool = False) -> dict[str, Any]:
-        """Train (or continue with `resume`); returns the summary (eval reward before/after, final_hf, ...)."""
+    def train(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
+        """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible
+        config); returns the summary (eval reward before/after, final_hf, ...)."""
         from jaxcore.train import run_training
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
-        return run_training(self.args, self.make_algorithm, resume, task=self.make_task(), model=self.model,
-                            tokenizer_dir=self.tokenizer)
+        return run_training(self.args, self.make_algorithm, resume, allow_changes, task=self.make_task(),
+                            model=self.model, tokenizer_dir=self.tokenizer)
 
 
 class ESTrainer(_Trainer):

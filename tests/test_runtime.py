@@ -133,9 +133,9 @@ def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, 
         assert proc.returncode == -signal.SIGKILL
     steps = finished_checkpoints(out)
     assert steps and steps[-1] < 5
-    code, _ = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=0",
-                                                           "train.checkpoint_every=1"))
-    assert code == 0
+    code, err = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=0",
+                                                             "train.checkpoint_every=1"))
+    assert code == 0, err
     resumed = final_params(out)
     for key, value in straight_run.items():
         np.testing.assert_array_equal(resumed[key], value, err_msg=key)

@@ -18,6 +18,8 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (see configs/)")
     parser.add_argument("--resume", action="store_true", help="continue from train.out_dir/checkpoints")
+    parser.add_argument("--resume-allow-changes", action="store_true",
+                        help="with --resume: accept a checkpoint written with an incompatible config (logged)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
@@ -32,14 +34,14 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
     from jaxcore.config import load_config
 
     cfg = load_config(trainer_type.config_type, args.config, args.overrides)
-    summary = trainer_type(args=cfg).train(resume=args.resume)
+    summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")
     return 0
 
 
-def train_es(cfg, resume: bool = False) -> dict:
+def train_es(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
     """`ESTrainer(args=cfg).train(resume)`: load the model, run EGGROLL, export final_hf when configured."""
     from jaxcore.trainers import ESTrainer
 
-    return ESTrainer(args=cfg).train(resume=resume)
+    return ESTrainer(args=cfg).train(resume=resume, allow_changes=allow_changes)

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--chat-template", action="store_true", help="wrap each prompt as a user turn")
     parser.add_argument("--system", help="system message (with --chat-template)")
+    parser.add_argument("--max-prompt-length", type=int, help="prompt tokens kept (default: the model's positions)")
+    parser.add_argument("--no-truncate-prompts", action="store_true",
+                        help="refuse over-long prompts instead of keeping their last tokens")
 
 
 def read_prompts(path: str) -> list[str]:
@@ -69,7 +72,13 @@ def run(args: argparse.Namespace) -> int:
     from jaxcore.cli import UserError
     from jaxcore.generate import generate
     from jaxcore.model_checkpoint import load_any
-    from jaxcore.tokenization import decode_completions, encode_prompts, eos_token_ids, load_tokenizer
+    from jaxcore.tokenization import (
+        PromptLimit,
+        decode_completions,
+        encode_prompts_limited,
+        eos_token_ids,
+        load_tokenizer,
+    )
 
     prompts = list(args.prompt) + (read_prompts(args.prompts_file) if args.prompts_file else [])
     if not prompts:
@@ -79,13 +88,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.model}: no tokenizer files")
     tokenizer = load_tokenizer(tok_dir)
     eos = eos_token_ids(tokenizer, model.config.hf_config)
+    limit = PromptLimit(model.config.max_position_embeddings, args.max_prompt_length, not args.no_truncate_prompts)
     out = open(args.output, "w") if args.output else sys.stdout
     key = jax.random.key(args.seed)
     batches = range(0, len(prompts), args.batch_size)
     try:
         for index in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
             chunk = prompts[index:index + args.batch_size]
-            ids, mask = encode_prompts(tokenizer, chunk, chat_template=args.chat_template, system=args.system)
+            ids, mask, _ = encode_prompts_limited(tokenizer, chunk, limit, args.max_new_tokens,
+                                                  chat_template=args.chat_template, system=args.system)
             try:
                 result = generate(model, ids, mask, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     return run_config_job(args, GRPOTrainer)
 
 
-def train_grpo(cfg, resume: bool = False) -> dict:
+def train_grpo(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
     """`GRPOTrainer(args=cfg).train(resume)`: load the model, run GRPO, export final_hf when configured."""
     from jaxcore.trainers import GRPOTrainer
 
-    return GRPOTrainer(args=cfg).train(resume=resume)
+    return GRPOTrainer(args=cfg).train(resume=resume, allow_changes=allow_changes)

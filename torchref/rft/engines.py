@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxcore.convert import CheckpointError, read_hf_config
 from jaxcore.sampling import SamplingConfig
-from jaxcore.tokenization import decode_completions, eos_token_ids, load_tokenizer
+from jaxcore.tokenization import PromptLimit, decode_completions, eos_token_ids, limit_prompts, load_tokenizer
 from torchref.rft.errors import RFTError
 from torchref.rft.prompts import PromptFormat, resolve_format
 
@@ -33,6 +33,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    max_prompt_length: int | None = None   # prompt tokens kept (None: the model's positions)
+    truncate_prompts: bool = True          # longer prompts: keep the last tokens (warned) or refuse
+
+    def prompt_limit(self, max_positions: int) -> PromptLimit:
+        return PromptLimit(max_positions, self.max_prompt_length, self.truncate_prompts)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -109,7 +114,9 @@ class HFEngine:
         self.tokenizer = load_tokenizer(existing_dir(model_dir))
         self.prompt_format = resolve_format(self.tokenizer, template=template, chat=chat, system=system)
         self.params = params
-        self.eos = eos_token_ids(self.tokenizer, read_hf_config(model_dir))
+        hf_config = read_hf_config(model_dir)
+        self.eos = eos_token_ids(self.tokenizer, hf_config)
+        self.max_positions = int(hf_config.get("max_position_embeddings", hf_config.get("n_positions", 2048)))
         self.device = inference_device()
         self.dtype = inference_dtype(dtype)
         try:   # with an adapter: merge in fp32 on the CPU (as rft-train --merge does), then cast
@@ -126,7 +133,8 @@ class HFEngine:
         from transformers import GenerationConfig
 
         p = self.params
-        ids, mask = self.prompt_format.encode(self.tokenizer, questions)
+        ids, mask, _ = limit_prompts(*self.prompt_format.encode(self.tokenizer, questions),
+                                     p.prompt_limit(self.max_positions), p.max_new_tokens)
         sampling = p.temperature > 0
         if not sampling:   # HF refuses num_return_sequences > 1 without sampling: repeat the rows instead
             ids, mask = np.repeat(ids, num_return_sequences, 0), np.repeat(mask, num_return_sequences, 0)
@@ -173,7 +181,8 @@ class JaxEngine:
         from jaxcore.generate import generate
 
         p = self.params
-        ids, mask = self.prompt_format.encode(self.tokenizer, questions)
+        ids, mask, _ = limit_prompts(*self.prompt_format.encode(self.tokenizer, questions),
+                                     p.prompt_limit(self.model.config.max_position_embeddings), p.max_new_tokens)
         result = generate(self.model, ids, mask, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
                           top_k=p.top_k, top_p=p.top_p, eos_token_ids=self.eos,
                           num_return_sequences=num_return_sequences, key=jax.random.fold_in(self.key, self.calls),
