@@ -27,7 +27,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     # SmolLM2-135M's shape (random weights), for GPU benchmarks.
     "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152,
                          max_pos=8192, rope_theta=100000.0, tie=True),
+    # Real model shapes (random weights), for GPU benchmarks and memory planning; `family` is the HF family.
+    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936,
+                         max_pos=32768, rope_theta=1000000.0, tie=True, family="qwen2"),
+    "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
+                         max_pos=32768, rope_theta=1000000.0, tie=True, family="qwen2"),
+    "llama3-8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
+                      max_pos=131072, rope_theta=500000.0, tie=False, family="llama",
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
 }
+# The family each real-size preset belongs to (others default to the caller's family).
+PRESET_FAMILY = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "qwen2.5-1.5b": "qwen2", "llama3-8b": "llama"}
+
+
+def preset_config(preset: str, family: str | None = None) -> dict[str, Any]:
+    """The HF config dict of a preset (no weights written): e.g. for memory planning or roofline counts."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    family = family or PRESET_FAMILY.get(preset, "llama")
+    vocab = PRESETS[preset]["vocab"] or 256 + len(SPECIAL_TOKENS)
+    return hf_config(family, preset, vocab_size=vocab).to_dict()
 
 
 def build_tokenizer(out_dir: str | os.PathLike) -> Any:
@@ -55,7 +75,7 @@ def hf_config(family: str, preset: str = "tiny", *, vocab_size: int, tie: bool |
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
-    p = {**PRESETS[preset], **overrides}
+    p = {k: v for k, v in {**PRESETS[preset], **overrides}.items() if k != "family"}
     tie = p.get("tie", family in ("qwen3", "gpt2")) if tie is None else tie
     ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "gpt2":

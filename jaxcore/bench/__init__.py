@@ -24,6 +24,28 @@ class BenchOptions:
     workdir: str = "runs/bench"
 
 
+# Shapes for the real-size presets (issue 12): batch/population 256, prompt 64, 256 new tokens.
+REAL_SHAPES = {"batch": 256, "prompt_len": 64, "new_tokens": 256}
+
+
+def is_real_size(options: BenchOptions) -> bool:
+    """True for the real model shapes (everything but the small CPU models)."""
+    return not options.quick and options.preset not in ("tiny", "bench")
+
+
+def roofline_entry(model: Any, options: BenchOptions, measured_s: float, *, batch: int, prompt_len: int,
+                   new_tokens: int, factor_targets: Any = (), rank: int = 1) -> dict[str, Any]:
+    """Roofline of one generation call (prefill + decode) against this run's measured peaks."""
+    import jax.numpy as jnp
+
+    from jaxcore.bench import roofline
+
+    peaks = roofline.peaks_for(options.dtype)
+    work = roofline.generation(roofline.model_shape(model), batch, prompt_len, new_tokens,
+                               jnp.dtype(options.dtype).itemsize, factor_targets=factor_targets, rank=rank)
+    return roofline.limit(work, peaks, measured_s)
+
+
 def device_info() -> dict[str, Any]:
     """The machine the numbers were taken on."""
     import jax
@@ -49,10 +71,15 @@ def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:
     """The documented bench model (written once under options.workdir; `quick` uses the tiny preset)."""
     from pathlib import Path
 
-    from jaxcore.tiny import write_tiny_checkpoint
+    from jaxcore.tiny import PRESET_FAMILY, write_tiny_checkpoint
 
+    if options.preset == "smollm2-135m-instruct":          # the real model, where it is installed
+        real = Path("models/smollm2-135m-instruct")
+        if not (real / "config.json").is_file():
+            raise FileNotFoundError(f"{real} is not installed; use --preset smollm2-135m (random weights)")
+        return real
     preset = "tiny" if options.quick else options.preset
-    family = family or options.family
+    family = family or PRESET_FAMILY.get(preset, options.family)
     path = Path(options.workdir) / f"model-{family}-{preset}"
     if not (path / "config.json").is_file():
         write_tiny_checkpoint(path, family, preset=preset)

@@ -17,10 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.bench import BenchOptions, bench_checkpoint, best_time, compiled_bytes, model_summary
+from jaxcore.bench import (
+    REAL_SHAPES,
+    BenchOptions,
+    bench_checkpoint,
+    best_time,
+    compiled_bytes,
+    is_real_size,
+    model_summary,
+    roofline_entry,
+)
 
 
 def shapes(options: BenchOptions) -> dict[str, int]:
+    if is_real_size(options):
+        return {"population": REAL_SHAPES["batch"], "prompt_len": REAL_SHAPES["prompt_len"],
+                "new_tokens": REAL_SHAPES["new_tokens"], "naive_members": 2, "rank": 1}
     if options.quick:
         return {"population": 16, "prompt_len": 8, "new_tokens": 16, "naive_members": 2, "rank": 1}
     return {"population": 256, "prompt_len": 16, "new_tokens": 64, "naive_members": 4, "rank": 1}
@@ -101,6 +113,14 @@ def run(options: BenchOptions) -> dict[str, Any]:
     plain_bytes = generate_bytes(model, ids, s["new_tokens"])
     noise_bytes = sum(x.nbytes for x in jax.tree.leaves(eggroll.member_noise(plan, jnp.int32(0))))
     params = sum(int(v.size) for v in flat_state(model).values())
+    targets = [(t.shape[-2], t.shape[-1]) for t in plan.targets if t.low_rank
+               for _ in range(int(np.prod(t.shape[:-2])))]        # stacked layers: one factor pair each
+    gen_shape = dict(batch=n, prompt_len=s["prompt_len"], new_tokens=s["new_tokens"])
+    roofline = {"es.population_roofline": roofline_entry(model, options, pop_s, factor_targets=targets,
+                                                         rank=s["rank"], **gen_shape),
+                "es.inference_roofline": roofline_entry(model, options, plain_s, **gen_shape),
+                "es.naive_member_roofline": roofline_entry(model, options, naive_s / n, batch=1,
+                                                           prompt_len=s["prompt_len"], new_tokens=s["new_tokens"])}
     return {"es.eggroll_over_inference": round(plain_s / pop_s, 3),
             "es.eggroll_over_naive": round(naive_s / pop_s, 1),
             "es.memory_over_inference": round(pop_bytes["peak"] / plain_bytes["peak"], 3),
@@ -108,4 +128,5 @@ def run(options: BenchOptions) -> dict[str, Any]:
             "es.inference_tokens_per_s": round(n * s["new_tokens"] / plain_s, 1),
             "es.naive_seconds_per_member": round(naive_s / n, 3),
             "es.population_bytes": pop_bytes, "es.inference_bytes": plain_bytes, "es.noise_bytes": noise_bytes,
+            **roofline,
             "es.shape": {**s, **model_summary(model), "params": params}}

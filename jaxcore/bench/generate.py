@@ -10,10 +10,21 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.bench import BenchOptions, bench_checkpoint, best_time, model_summary, torch_device
+from jaxcore.bench import (
+    REAL_SHAPES,
+    BenchOptions,
+    bench_checkpoint,
+    best_time,
+    is_real_size,
+    model_summary,
+    roofline_entry,
+    torch_device,
+)
 
 
 def shapes(options: BenchOptions) -> dict[str, int]:
+    if is_real_size(options):
+        return dict(REAL_SHAPES)
     if options.quick:
         return {"batch": 8, "prompt_len": 16, "new_tokens": 16}
     return {"batch": 32, "prompt_len": 32, "new_tokens": 64}
@@ -58,5 +69,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
             "generate.jax_tokens_per_s": round(tokens / jax_s, 1),
             "generate.hf_tokens_per_s": round(tokens / hf_s, 1),
             "generate.greedy_token_agreement": round(agree, 4),
+            "generate.jax_roofline": roofline_entry(model, options, jax_s, batch=s["batch"],
+                                                    prompt_len=s["prompt_len"], new_tokens=s["new_tokens"]),
             "generate.shape": {**s, **model_summary(model), "torch_threads": torch.get_num_threads(),
                                "torch_device": device}}

@@ -110,8 +110,18 @@ def run(options: BenchOptions) -> dict[str, Any]:
     cfg = GRPOTrainConfig(max_completion_length=completion_len)
     times = interleaved_best_times({"jax": jax_step(model, batch, cfg),
                                     "torch": torch_step(path, batch, cfg, options.dtype)}, rounds)
+    import jax.numpy as jnp
+
+    from jaxcore.bench import roofline
+
+    work = roofline.train_step(roofline.model_shape(model), batch_size, prompt_len + completion_len,
+                               jnp.dtype(options.dtype).itemsize)
+    peaks = roofline.peaks_for(options.dtype)
     return {"grpo.jax_over_torch": times["torch"] / times["jax"], "grpo.jax_step_s": times["jax"],
-            "grpo.torch_step_s": times["torch"], "grpo.batch": f"{batch_size}x{prompt_len + completion_len}",
+            "grpo.torch_step_s": times["torch"],
+            "grpo.jax_roofline": roofline.limit(work, peaks, times["jax"]),
+            "grpo.torch_roofline": roofline.limit(work, peaks, times["torch"]),
+            "grpo.batch": f"{batch_size}x{prompt_len + completion_len}",
             "grpo.model": model_summary(model), **device_info()}
 
 

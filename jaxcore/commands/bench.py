@@ -19,7 +19,9 @@ SUITES = ("generate", "es", "grpo", "rft")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default="all", help=f"all or a comma list of {', '.join(SUITES)}")
     parser.add_argument("--json", dest="json_path", help="write the results here")
-    parser.add_argument("--preset", default="bench", help="bench model preset (tiny, bench, smollm2-135m)")
+    parser.add_argument("--preset", default="bench",
+                        help="bench model preset: tiny, bench (CPU), smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, "
+                             "llama3-8b (random weights), smollm2-135m-instruct (models/ if installed)")
     parser.add_argument("--family", default="llama", choices=["llama", "qwen2", "qwen3", "gpt2"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes (for tests)")
@@ -46,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     options = BenchOptions(preset=args.preset, family=args.family, dtype=args.dtype, quick=args.quick,
                            workdir=args.workdir)
     results: dict = {"device": device_info(), "options": vars(options)}
+    if any(s in suites for s in ("generate", "es", "grpo")):
+        from jaxcore.bench.roofline import peaks_for
+
+        results["peaks"] = peaks_for(options.dtype)      # measured once, shared by every suite's roofline
+        print(f"{'peaks':36s} {results['peaks']}", flush=True)
     for suite in suites:
         print(f"== {suite}", flush=True)
         numbers = importlib.import_module(f"jaxcore.bench.{suite}").run(options)
