@@ -17,6 +17,8 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from jaxcore.errors import CheckpointWriteError, NoRestorableCheckpointError  # noqa: F401  (re-exported)
+
 log = logging.getLogger(__name__)
 
 PACKAGES = ("jaxcore", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "torch", "numpy")
@@ -31,14 +33,6 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (e.g. a full disk); earlier checkpoints are intact."""
-
-
-class NoRestorableCheckpointError(FileNotFoundError):
-    """No checkpoint under the directory restores."""
 
 
 class TrainCheckpointer:

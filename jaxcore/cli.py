@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from jaxcore.errors import UserError  # noqa: F401  (re-exported)
+
 SUBCOMMANDS = {
     "convert": "Convert between HF directories and jaxcore (orbax) checkpoints",
     "generate": "Sample completions from a model directory or checkpoint",
@@ -24,30 +26,11 @@ SUBCOMMANDS = {
 }
 
 
-class UserError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
-
-
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input (not a bug): shown as one line without a traceback."""
-    from jaxcore.config_model import ConfigError
-    from jaxcore.convert import CheckpointError
+    from jaxcore.errors import USER_ERRORS
 
-    types: list[type[BaseException]] = [UserError, ConfigError, CheckpointError, FileNotFoundError]
-    try:
-        from jaxcore.config import ConfigValueError
-        types.append(ConfigValueError)
-    except ImportError:
-        pass
-    from jaxcore.checkpoint import CheckpointWriteError
-    from jaxcore.rewards import TaskError
-    from jaxcore.run_guard import OutDirLockedError, ResumeError
-    from jaxcore.tokenization import PromptLengthError
-    from jaxcore.train import TaskConfigError, TrainingError
-
-    types += [TaskError, TaskConfigError, TrainingError, CheckpointWriteError, OutDirLockedError, ResumeError,
-              PromptLengthError]
-    return tuple(types)
+    return USER_ERRORS
 
 
 class CurrentStderrHandler(logging.StreamHandler):

@@ -16,11 +16,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from jaxcore.errors import ConfigValueError  # noqa: F401  (re-exported)
+
 T = TypeVar("T")
-
-
-class ConfigValueError(ValueError):
-    """A config file or override that does not fit the config schema."""
 
 
 def _field_types(cls: type) -> dict[str, Any]:

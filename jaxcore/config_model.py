@@ -6,13 +6,11 @@ import dataclasses
 import json
 from typing import Any
 
+from jaxcore.errors import ConfigError  # noqa: F401  (re-exported)
+
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_new": "gelu_tanh",
                 "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-
-
-class ConfigError(ValueError):
-    """A model config that jaxcore cannot represent faithfully."""
 
 
 @dataclasses.dataclass(frozen=True)

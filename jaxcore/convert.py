@@ -24,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxcore.config_model import ConfigError, ModelConfig, config_from_hf
+from jaxcore.errors import CheckpointError  # noqa: F401  (re-exported)
 from jaxcore.model import Transformer, abstract_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -32,10 +33,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Buffers some HF checkpoints carry that are not parameters (causal-mask and RoPE caches).
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or written faithfully."""
 
 
 @dataclasses.dataclass(frozen=True)

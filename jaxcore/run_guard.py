@@ -15,19 +15,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from jaxcore.errors import OutDirLockedError, ResumeError  # noqa: F401  (re-exported)
+
 log = logging.getLogger(__name__)
 
 HARMLESS_PREFIXES = ("train.epochs", "train.out_dir", "train.eval_every", "train.eval_prompts", "train.eval_batch_size",
                      "train.checkpoint_every", "train.max_to_keep", "train.max_bad_steps", "train.export_hf",
                      "train.tensorboard", "train.progress", "rewards.", "model.path", "model.remat", "distributed.")
-
-
-class ResumeError(ValueError):
-    """The checkpoints cannot be resumed (none restores, or the config changed incompatibly)."""
-
-
-class OutDirLockedError(RuntimeError):
-    """Another live run holds the out_dir lock."""
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

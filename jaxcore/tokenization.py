@@ -12,13 +12,10 @@ from typing import Any
 import numpy as np
 
 from jaxcore.convert import CheckpointError
+from jaxcore.errors import PromptLengthError  # noqa: F401  (re-exported)
 from jaxcore.rewards.user_functions import Completion, is_conversation
 
 log = logging.getLogger(__name__)
-
-
-class PromptLengthError(ValueError):
-    """A prompt or max_new_tokens that does not fit the model's positions (one line, exit 2)."""
 
 
 @dataclasses.dataclass(frozen=True)

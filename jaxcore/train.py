@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxcore.checkpoint import TrainCheckpointer
 from jaxcore.config import to_dict
+from jaxcore.errors import TaskConfigError, TrainingError  # noqa: F401  (re-exported)
 from jaxcore.generate import generate
 from jaxcore.metrics import MetricsLogger, plot_rewards
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
@@ -35,10 +36,6 @@ from jaxcore.run_guard import OutDirLock, check_resume_compatible
 from jaxcore.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
 
 log = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """The run cannot continue (e.g. too many consecutive NaN steps)."""
 
 
 @dataclasses.dataclass
@@ -146,10 +143,6 @@ def with_rewards(task: Any, functions: Sequence[Any], weights: Sequence[float] |
     fns, fn_weights = resolve_rewards(functions, weights, columns)
     probe_rewards(fns, probe)
     return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
-
-
-class TaskConfigError(ValueError):
-    """A task name or option the registry does not know."""
 
 
 class Runner:
@@ -304,8 +297,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an algorithm
     setting the algorithm rejects with ValueError) is a one-line `UserError`.
     """
-    from jaxcore.cli import UserError
     from jaxcore.convert import save_hf
+    from jaxcore.errors import UserError
     from jaxcore.model_checkpoint import load_any
     from jaxcore.sharding import maybe_initialize_distributed
     from jaxcore.tokenization import eos_token_ids, load_tokenizer

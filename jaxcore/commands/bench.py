@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from jaxcore.bench import BenchOptions, device_info
-    from jaxcore.cli import UserError
+    from jaxcore.errors import UserError
 
     suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
     unknown = [s for s in suites if s not in SUITES]

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_prompts(path: str) -> list[str]:
     """Prompts from JSONL ({"prompt": ...} per line) or plain text (one per line)."""
-    from jaxcore.cli import UserError
+    from jaxcore.errors import UserError
 
     file = Path(path)
     if not file.is_file():
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from jaxcore.cli import UserError
+    from jaxcore.errors import UserError
     from jaxcore.generate import generate
     from jaxcore.model_checkpoint import load_any
     from jaxcore.tokenization import (

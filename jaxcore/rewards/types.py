@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxcore.errors import TaskError  # noqa: F401  (re-exported)
+
 
 @dataclass(frozen=True)
 class Example:
@@ -18,10 +20,6 @@ class Example:
 
 RewardFn = Callable[[list[str], list[Example]], list[float | None]]
 """Batched reward: ``fn(completions, examples) -> one float (or None) per completion``."""
-
-
-class TaskError(ValueError):
-    """A task could not be built or its data is malformed."""
 
 
 def map_samples(
