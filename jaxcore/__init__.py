@@ -17,7 +17,7 @@ _LAZY = {
     "load_model": "jaxcore.model_checkpoint",
     "save_model": "jaxcore.model_checkpoint",
     "ESTrainer": "jaxcore.trainers", "GRPOTrainer": "jaxcore.trainers",
-    "ESConfig": "jaxcore.train_config", "GRPOConfig": "jaxcore.train_config",
+    "ESConfig": "jaxcore.job_config", "GRPOConfig": "jaxcore.job_config",
 }
 __all__ = [*_LAZY, "__version__"]
 

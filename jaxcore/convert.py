@@ -23,9 +23,9 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from jaxcore.config_model import ConfigError, ModelConfig, config_from_hf
 from jaxcore.errors import CheckpointError  # noqa: F401  (re-exported)
 from jaxcore.model import Transformer, abstract_model
+from jaxcore.model_config import ConfigError, ModelConfig, config_from_hf
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",

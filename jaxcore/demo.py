@@ -53,11 +53,11 @@ def warm_start(model: Any, tokenizer: Any, task: Any, cfg: DemoConfig) -> list[f
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     import jaxcore
     from jaxcore.commands.es import train_es
+    from jaxcore.job_config import ESConfig
     from jaxcore.model_checkpoint import save_model
     from jaxcore.rewards import get_task
     from jaxcore.tiny import write_tiny_checkpoint
     from jaxcore.tokenization import load_tokenizer
-    from jaxcore.train_config import ESConfig
     from torchref.evaluate import evaluate_with_transformers
 
     began = time.perf_counter()

@@ -17,11 +17,11 @@ import numpy as np
 from jaxcore import eggroll, sharding
 from jaxcore.convert import flat_state
 from jaxcore.generate import generate
+from jaxcore.job_config import ESConfig
 from jaxcore.optim import make_schedule
 from jaxcore.rewards import Example, Scorer
 from jaxcore.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.train import StepResult
-from jaxcore.train_config import ESConfig
 
 log = logging.getLogger(__name__)
 

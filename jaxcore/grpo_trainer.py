@@ -28,12 +28,12 @@ from jaxcore.grpo import compute_advantages, reward_metrics
 from jaxcore.grpo_learner import GRPOLearner
 from jaxcore.grpo_loss import GRPOLossConfig
 from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig, TrainState, build_batch, rollout_metrics
+from jaxcore.job_config import GRPOConfig
 from jaxcore.lora import LoRAConfig
 from jaxcore.model_checkpoint import load_any
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.train import StepResult
-from jaxcore.train_config import GRPOConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcore.config_model import ModelConfig
+from jaxcore.model_config import ModelConfig
 
 Array = jax.Array
 

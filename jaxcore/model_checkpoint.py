@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxcore.config_model import ConfigError, config_from_hf
 from jaxcore.convert import (
     CheckpointError,
     atomic_directory,
@@ -27,6 +26,7 @@ from jaxcore.convert import (
     load_params_into,
 )
 from jaxcore.model import Transformer, abstract_model
+from jaxcore.model_config import ConfigError, config_from_hf
 
 FORMAT = "jaxcore-model"
 

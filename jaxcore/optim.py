@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optax
 
-from jaxcore.train_config import OptimizerSection
+from jaxcore.job_config import OptimizerSection
 
 
 def make_schedule(section: OptimizerSection, total_steps: int) -> optax.Schedule:

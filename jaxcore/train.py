@@ -27,13 +27,13 @@ import jax
 import numpy as np
 
 from jaxcore.checkpoint import TrainCheckpointer
-from jaxcore.config import to_dict
 from jaxcore.errors import TaskConfigError, TrainingError  # noqa: F401  (re-exported)
 from jaxcore.generate import generate
 from jaxcore.metrics import MetricsLogger, plot_rewards
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
 from jaxcore.run_guard import OutDirLock, check_resume_compatible
 from jaxcore.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
+from jaxcore.yaml_config import to_dict
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxcore.train_config import ESConfig, GRPOConfig
+from jaxcore.job_config import ESConfig, GRPOConfig
 
 RewardFuncs = Sequence[str | Callable[..., Any]] | str | Callable[..., Any]
 

@@ -18,9 +18,9 @@ from flax import nnx
 
 import jaxcore
 from jaxcore import eggroll
-from jaxcore.config import load_config
 from jaxcore.es_trainer import member_fitness
-from jaxcore.train_config import ESConfig
+from jaxcore.job_config import ESConfig
+from jaxcore.yaml_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,11 @@ import pytest
 
 from jaxcore import grpo_trainer
 from jaxcore.cli import main
-from jaxcore.config import load_config
 from jaxcore.convert import read_safetensors
+from jaxcore.job_config import GRPOConfig
 from jaxcore.rewards import Scorer, get_task
 from jaxcore.train import epoch_seed
-from jaxcore.train_config import GRPOConfig
+from jaxcore.yaml_config import load_config
 
 # 4 prompts x 4 completions = 16 rows: two per simulated device.
 TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.prompts_per_epoch=4",

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.config import load_config
 from jaxcore.convert import read_safetensors
-from jaxcore.train_config import ESConfig
+from jaxcore.job_config import ESConfig
+from jaxcore.yaml_config import load_config
 
 TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
             "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16",

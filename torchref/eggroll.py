@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from jaxcore.config_model import ModelConfig
 from jaxcore.convert import tensor_maps
+from jaxcore.model_config import ModelConfig
 
 
 def _module_and_slot(cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:

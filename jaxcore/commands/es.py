@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
     """Load the trainer's config from --config plus overrides, train, and print the held-out reward change."""
-    from jaxcore.config import load_config
+    from jaxcore.yaml_config import load_config
 
     cfg = load_config(trainer_type.config_type, args.config, args.overrides)
     summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
