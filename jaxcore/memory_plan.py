@@ -3,9 +3,10 @@
 Terms (bytes per device, D devices, M = mesh.model, pop = D / M):
 compute weights (compute dtype, q/k/v/gate/up/o/down/embedding/lm_head split over M), master
 weights (master dtype, FSDP over all D), optimizer state (0, 1 or 2 master-sized copies), factors
-(N/2 pairs of (I+O) x r per perturbed matrix, pairs over pop, each factor over M with its weight,
-and their fp32 regeneration in the update, whose output is each device's slice of g), KV cache (rows N*P*G/pop, kv heads over M) and
-activations (one prefill layer's working set and the fp32 logits of the rows).
+(N/2 pairs of (I+O) x r per perturbed matrix, pairs over pop, each factor over M with its weight),
+update factors (their fp32 regeneration in the update, whose output is each device's slice of g),
+KV cache (rows N*P*G/pop, kv heads over M) and activations
+(one prefill layer's working set and the fp32 logits of the rows).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class MemoryPlan:
     def table(self) -> str:
         lines = [f"{name:<16}{value / GB:10.2f} GB" for name, value in self.terms.items()]
         lines.append(f"{'total':<16}{self.total / GB:10.2f} GB per device ({self.devices} devices, "
-                     f"mesh pop={self.devices // self.model_axis} model={self.model_axis}, population {self.population})")
+                     f"mesh pop="
+                     f"{self.devices // self.model_axis} model={self.model_axis}, population {self.population})")
         if self.device_memory is not None:
             lines.append(f"{'device memory':<16}{self.device_memory / GB:10.2f} GB: "
                          + ("fits" if self.fits else "does NOT fit"))

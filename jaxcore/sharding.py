@@ -161,3 +161,19 @@ def _resharder(targets: tuple[tuple[str, NamedSharding], ...], dtype: str | None
         return {k: v.astype(dtype) if dtype and jax.numpy.issubdtype(v.dtype, jax.numpy.floating) else v
                 for k, v in flat.items()}
     return jax.jit(cast, out_shardings=dict(targets))
+
+
+def gathered_model(model: Any) -> Any:
+    """A copy of `model` whose parameters are host arrays, gathered from every process when sharded
+    across hosts (a collective: every process must call it). For export (`save_hf`)."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    def host(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x
+    return nnx.merge(graphdef, jax.tree.map(host, state))

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from jaxcore import sharding
 from jaxcore.checkpoint import TrainCheckpointer
 from jaxcore.config import to_dict
 from jaxcore.generate import generate
@@ -266,7 +267,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
     summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume)
-    if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
-        summary["final_hf"] = str(save_hf(algorithm.model, Path(cfg.train.out_dir) / "final_hf",
-                                          tokenizer_dir=tok_dir))
+    if cfg.train.export_hf and summary["stopped_by"] is None:
+        final = sharding.gathered_model(algorithm.model)        # every process takes part in the gather
+        if jax.process_index() == 0:
+            summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
     return summary
