@@ -166,3 +166,24 @@ def refusal(plan: MemoryPlan) -> str | None:
     return (f"this run needs {plan.total / GB:.1f} GB per device but a device has {plan.device_memory / GB:.1f} GB; "
             f"the biggest term is {name} ({plan.terms[name] / GB:.1f} GB): {_ADVICE[name]} "
             f"(see `jaxcore plan`)")
+
+
+def check_es_fits(es_cfg: Any, prompt_tokens: int = 128) -> str | None:
+    """The refusal line when the configured ES run cannot fit its devices, else None. Device memory:
+    `mesh.device_memory`, else the accelerator's own limit; CPU backends are not checked otherwise."""
+    import json
+    from pathlib import Path
+
+    import jax
+
+    from jaxcore.config_model import config_from_hf
+
+    memory = parse_bytes(es_cfg.mesh.device_memory) if es_cfg.mesh.device_memory else None
+    if memory is None and jax.default_backend() != "cpu":
+        memory = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+    source = Path(es_cfg.model.path) / "config.json"
+    if memory is None or not source.is_file() or jax.device_count() % es_cfg.mesh.model:
+        return None
+    model_cfg = config_from_hf(json.loads(source.read_text()))
+    return refusal(plan_es_config(es_cfg, model_cfg, devices=jax.device_count(), device_memory=memory,
+                                  prompt_tokens=prompt_tokens))

@@ -89,6 +89,7 @@ class EsSection:
 @dataclasses.dataclass
 class MeshSection:
     model: int = 1                      # devices that shard each compute weight; "pop" gets the rest
+    device_memory: str = ""             # e.g. "40GB": checked against the memory plan (GPUs: read from the device)
 
 
 @dataclasses.dataclass

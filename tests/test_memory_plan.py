@@ -61,3 +61,9 @@ def test_bad_mesh_is_one_line(tmp_path, capsys):
     code = main(["plan", "--model-config", str(LLAMA_8B), "--devices", "8", "mesh.model=3"])
     assert code == 2 and "mesh.model=3" in capsys.readouterr().err
     assert jax.device_count() == 8
+
+
+def test_es_refuses_a_run_that_cannot_fit(tiny_dir, tmp_path, capsys):
+    code = main(["es", f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path}", "mesh.device_memory=1MB"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "biggest term is" in err[0] and "per device" in err[0], err

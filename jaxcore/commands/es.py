@@ -6,7 +6,10 @@ examples:
   jaxcore es --config configs/addition.yaml --resume          # continue from the latest checkpoint
 
 Every `key=value` after the options overrides the YAML (dotted keys; unknown keys are an error).
-The population is sharded over every visible device; multi-host runs set distributed.coordinator.
+The mesh is (pop, model): mesh.model=M shards each weight over M devices, the population gets the
+rest; master weights and optimizer state are sharded over all devices (es.master_dtype). The run is
+refused at start-up when `jaxcore plan` says it cannot fit the device memory.
+Multi-host runs set distributed.coordinator.
 Outputs under train.out_dir: metrics.jsonl, tensorboard/, checkpoints/, reward.png, final_hf/.
 """
 
@@ -41,8 +44,14 @@ def run_config_job(args: argparse.Namespace, schema: type, train: Callable[..., 
 
 def train_es(cfg, resume: bool = False) -> dict:
     """Load the model, build the EGGROLL algorithm and run it; exports final_hf when configured."""
+    from jaxcore.cli import UserError
     from jaxcore.es_trainer import EggrollAlgorithm
+    from jaxcore.memory_plan import check_es_fits
     from jaxcore.train import run_training
+
+    reason = check_es_fits(cfg)
+    if reason:
+        raise UserError(reason)
 
     return run_training(cfg, lambda model, tokenizer, eos: EggrollAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
                         resume)
