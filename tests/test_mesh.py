@@ -56,3 +56,30 @@ def test_mesh_shapes_give_the_same_parameters(reference, model_size):
     assert all(k.addressable_shards[0].data.size == k.size // model_size for k in kernels)
     if model_size == 4:   # per-device block weights about a quarter (norms replicated)
         assert compute_bytes < 0.3 * replicated_bytes, (compute_bytes, replicated_bytes)
+
+
+def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
+    """A checkpoint of (pop=8, model=1)-sharded masters and Adam state restores onto (pop=2, model=4)."""
+    from jaxcore.checkpoint import TrainCheckpointer
+
+    def sharded_state(model_size: int):
+        model = jaxcore.load_hf(tiny_dir("llama"))
+        mesh = sharding.es_mesh(model_size)
+        shard_masters(model, mesh, min_size=1)
+        plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16))
+        optimizer = eggroll.make_optimizer("adam", 1e-3)
+        params = eggroll.perturbed_params(model, plan)
+        opt_state = init_opt_state(optimizer, params, mesh, min_size=1)
+        opt_state, _ = eggroll.es_step(model, plan, optimizer, opt_state, 0, np.arange(16.0))
+        return {"params": flat_state(model), "opt_state": opt_state}
+
+    saved = sharded_state(1)
+    checkpointer = TrainCheckpointer(tmp_path / "ckpt", async_save=False)
+    checkpointer.save(1, saved, {"epoch": 1}, wait=True)
+    target = sharded_state(4)
+    target = jax.tree.map(lambda x: x * 0, target)
+    restored, _ = checkpointer.restore(target)
+    checkpointer.close()
+    for a, b, t in zip(jax.tree.leaves(saved), jax.tree.leaves(restored), jax.tree.leaves(target)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert b.sharding == t.sharding
