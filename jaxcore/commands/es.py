@@ -44,14 +44,8 @@ def run_config_job(args: argparse.Namespace, schema: type, train: Callable[..., 
 
 def train_es(cfg, resume: bool = False) -> dict:
     """Load the model, build the EGGROLL algorithm and run it; exports final_hf when configured."""
-    from jaxcore.cli import UserError
     from jaxcore.es_trainer import EggrollAlgorithm
-    from jaxcore.memory_plan import check_es_fits
     from jaxcore.train import run_training
-
-    reason = check_es_fits(cfg)
-    if reason:
-        raise UserError(reason)
 
     return run_training(cfg, lambda model, tokenizer, eos: EggrollAlgorithm(model, tokenizer, cfg, eos_token_ids=eos),
                         resume)
