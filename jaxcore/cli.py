@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "generate": "Sample completions from a model directory or checkpoint",
     "es": "EGGROLL evolution-strategies training",
     "grpo": "GRPO training",
+    "plan": "Per-device memory of an ES run (from config.json; no weights)",
     "bench": "Benchmarks that print ratios against a reference measured in the same run",
     "demo": "The main job: ES on a tiny local model and task, evaluated with transformers",
 }

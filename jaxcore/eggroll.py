@@ -28,10 +28,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding
 
 from jaxcore.convert import flat_state
 from jaxcore.model import Transformer
 from jaxcore.population import MemberNoise, perturbed_model, variable_at
+from jaxcore.sharding import factor_specs
 
 Array = jax.Array
 SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
@@ -166,9 +168,28 @@ def member_noise(plan: NoisePlan, epoch: Array, out_sharding: Any = None, dtype:
 
 
 def population(model: Transformer, plan: NoisePlan, epoch: int | Array, out_sharding: Any = None) -> Transformer:
-    """The population for `epoch` as a model whose rows are grouped by member (N = plan.config.population)."""
+    """The population for `epoch` as a model whose rows are grouped by member (N = plan.config.population).
+
+    With a row sharding `out_sharding` and weights sharded over a model axis, each factor is placed
+    consistently with its weight (a with W's input dim, b with its output dim).
+    """
     noise = member_noise(plan, jnp.asarray(epoch, jnp.int32), out_sharding=out_sharding, dtype=model.dtype)
+    if isinstance(out_sharding, NamedSharding):
+        noise = _place_factors(model, noise, out_sharding)
     return perturbed_model(model, noise)
+
+
+def _place_factors(model: Transformer, noise: MemberNoise, rows: NamedSharding) -> MemberNoise:
+    """Reshard the factors of every model-sharded weight to match it (no-op for replicated weights)."""
+    row_axis = rows.spec[0] if len(rows.spec) else None
+    low_rank = dict(noise.low_rank)
+    for path, (a_PIR, b_POR) in noise.low_rank.items():
+        w_sharding = variable_at(model, path).get_value().sharding
+        if isinstance(w_sharding, NamedSharding) and any(w_sharding.spec):
+            a_spec, b_spec = factor_specs(w_sharding.spec, row_axis)
+            low_rank[path] = (jax.device_put(a_PIR, NamedSharding(rows.mesh, a_spec)),
+                              jax.device_put(b_POR, NamedSharding(rows.mesh, b_spec)))
+    return MemberNoise(low_rank, noise.dense)
 
 
 # ----------------------------------------------------------------------------- fitness shaping
@@ -209,10 +230,15 @@ def shape_fitness(fitness_N: Any, mode: str = "zscore", group_size: int | None =
 # ----------------------------------------------------------------------------- the update
 
 
-@jax.jit
-def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array) -> dict[str, Array]:
+@functools.partial(jax.jit, static_argnames=("out_sharding",))
+def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
+                      out_sharding: tuple[tuple[str, Any], ...] | None = None) -> dict[str, Array]:
     """g = (1/N) sum_i f_i eps_i for every perturbed parameter (unit-variance eps, no sigma in it),
-    from regenerated factors: one einsum over the pairs."""
+    from regenerated factors: one einsum over the pairs.
+
+    `out_sharding` ((path, sharding) pairs, e.g. the sharded masters'): each device computes only
+    its slice of g (the factors are regenerated from the keys on every device; they are small).
+    """
     cfg = plan.config
     n = cfg.population
     pairs = jnp.arange(n // 2)
@@ -227,6 +253,8 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array) -> dict[s
             grads[target.path] = jnp.einsum("p,pir,por->io", coeff_P, a_PIR, b_POR)
         else:
             grads[target.path] = jnp.tensordot(diff_P / n, raw[target.path], axes=1)
+    for path, target_sharding in out_sharding or ():
+        grads[path] = jax.lax.with_sharding_constraint(grads[path], target_sharding)
     return grads
 
 
@@ -285,11 +313,13 @@ def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransf
     applied: the returned metrics say `skipped`.
     """
     shaped_N = shape_fitness(fitness_N, shaping, group_size)
-    grads = estimate_gradient(plan, jnp.asarray(epoch, jnp.int32), shaped_N)
+    params = perturbed_params(model, plan)
+    shardings = tuple((k, v.sharding) for k, v in params.items() if isinstance(v.sharding, NamedSharding))
+    grads = estimate_gradient(plan, jnp.asarray(epoch, jnp.int32), shaped_N, out_sharding=shardings or None)
     grad_norm = float(optax.tree.norm(grads))
     if not math.isfinite(grad_norm):
         return opt_state, {"grad_norm": grad_norm, "skipped": True}
     update = apply_update_donating if donate_params else apply_update
-    params, opt_state = update(perturbed_params(model, plan), opt_state, grads, optimizer)
+    params, opt_state = update(params, opt_state, grads, optimizer)
     write_params(model, params)
     return opt_state, {"grad_norm": grad_norm, "skipped": False}

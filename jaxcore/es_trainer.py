@@ -1,9 +1,11 @@
 """The EGGROLL trainer on the shared runtime (`jaxcore es`).
 
 Every epoch all N members answer the same P prompts G times: rows are laid out member-major
-(member i owns rows [i*P*G, (i+1)*P*G), prompt-major inside), the population axis is sharded over
-every device, and each process scores only the rows it holds. Per-member fitness (N floats) is
-all-gathered, shaped, and every device applies the same update.
+(member i owns rows [i*P*G, (i+1)*P*G), prompt-major inside). The mesh is ("pop", "model"): rows are
+sharded over "pop", compute weights (and their members' factors) tensor-parallel over "model", and
+each process scores only the rows it holds. Per-member fitness (N floats) is all-gathered and
+shaped; the master weights and optimizer state are sharded over all devices, so each device
+updates only its slice of them, and the compute weights are re-assembled for the next epoch.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
 from jaxcore import eggroll, sharding
 from jaxcore.convert import flat_state
 from jaxcore.generate import generate
 from jaxcore.job_config import ESConfig
+from jaxcore.memory_plan import check_es_fits
 from jaxcore.optim import make_schedule
 from jaxcore.rewards import Example, Scorer
 from jaxcore.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
@@ -52,6 +56,37 @@ def allgather_sum(values: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(values)).sum(0)
 
 
+MASTER_DTYPES = ("float32", "bfloat16")
+
+
+def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = 2**14) -> None:
+    """Master weights FSDP-sharded over every device of `mesh` (in `dtype`), in place: each device
+    then updates only its slice, and the optimizer state (initialised from them) follows."""
+    eggroll.write_params(model, sharding.shard_params(
+        flat_state(model), lambda path, shape: sharding.master_spec(shape, mesh, min_size), mesh, dtype=dtype))
+
+
+def init_opt_state(optimizer: Any, params: dict[str, jax.Array], mesh: jax.sharding.Mesh,
+                   min_size: int = 2**14) -> Any:
+    """The optimizer state sharded like the masters (each leaf by its shape; scalars replicated)."""
+    abstract = jax.eval_shape(optimizer.init, params)
+    shardings = jax.tree.map(
+        lambda x: jax.sharding.NamedSharding(mesh, sharding.master_spec(tuple(x.shape), mesh, min_size)), abstract)
+    return jax.jit(optimizer.init, out_shardings=shardings)(params)
+
+
+def compute_model(model: Any, mesh: jax.sharding.Mesh) -> Any:
+    """A copy of `model` whose weights are in its compute dtype, tensor-parallel over the mesh's
+    "model" axis (replicated over "pop"): re-assembled from the sharded masters once per epoch."""
+    size = mesh.shape[sharding.MODEL]
+    flat = sharding.shard_params(flat_state(model), lambda path, shape: sharding.tensor_parallel_spec(
+        path, shape, sharding.MODEL, size), mesh, dtype=model.dtype)
+    graphdef, state = nnx.split(model)
+    copy = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    eggroll.write_params(copy, flat)
+    return copy
+
+
 class EggrollAlgorithm:
     """EGGROLL on a jaxcore model: population rollouts, scoring, shaped fitness, optax update."""
 
@@ -62,20 +97,25 @@ class EggrollAlgorithm:
         self.plan = eggroll.make_plan(model, eggroll.EggrollConfig(
             population=es.population, rank=es.rank, sigma=es.sigma, noise_reuse=es.noise_reuse, seed=cfg.train.seed,
             include_embeddings=es.include_embeddings, include_lm_head=es.include_lm_head, non_matrix=es.non_matrix))
-        self.mesh = sharding.make_mesh({"pop": -1})
-        devices = self.mesh.size
-        if es.population % devices:
-            raise ValueError(f"es.population={es.population} must be a multiple of the {devices} devices")
-        if (es.population // devices) % 2:
+        if es.master_dtype not in MASTER_DTYPES:
+            raise ValueError(f"es.master_dtype={es.master_dtype!r}: choose {' or '.join(MASTER_DTYPES)}")
+        reason = check_es_fits(cfg)          # after jax.distributed is up, before any weight moves
+        if reason:
+            raise ValueError(reason)
+        self.mesh = sharding.es_mesh(cfg.mesh.model)
+        pop_devices = self.mesh.shape[sharding.POP]
+        if es.population % pop_devices:
+            raise ValueError(f"es.population={es.population} must be a multiple of the {pop_devices} devices "
+                             f"of the pop axis")
+        if (es.population // pop_devices) % 2:
             log.warning("population/devices is odd: antithetic pairs straddle devices (slower)")
-        sharding.replicate_model(model, self.mesh)
-        self.rows = sharding.leading_axis(self.mesh, "pop")
+        shard_masters(model, self.mesh, es.master_dtype)
+        self.rows = sharding.leading_axis(self.mesh, sharding.POP)
         self.eval_sharding = sharding.replicated(self.mesh)
         schedule = make_schedule(cfg.optimizer, cfg.train.epochs)
         self.optimizer = eggroll.make_optimizer(cfg.optimizer.name, schedule, weight_decay=cfg.optimizer.weight_decay,
                                                 momentum=cfg.optimizer.momentum)
-        self.opt_state = sharding.replicate_tree(self.optimizer.init(eggroll.perturbed_params(model, self.plan)),
-                                                 self.mesh)
+        self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh)
 
     # -- checkpointing -------------------------------------------------------------------------
 
@@ -103,7 +143,7 @@ class EggrollAlgorithm:
         r, es = self.cfg.rollout, self.cfg.es
         n, p, g = es.population, len(examples), r.generations_per_prompt
         ids, mask, row_examples = self.rollout_rows(examples)
-        population = eggroll.population(self.model, self.plan, epoch, out_sharding=self.rows)
+        population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch, out_sharding=self.rows)
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
         result = generate(population, ids, mask, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                           top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, eos_token_ids=self.eos_token_ids,

@@ -89,6 +89,13 @@ class EsSection:
     non_matrix: str = "frozen"          # frozen | full
     include_embeddings: bool = False
     include_lm_head: bool = False
+    master_dtype: str = "float32"       # float32 | bfloat16: the sharded master weights and optimizer state
+
+
+@dataclasses.dataclass
+class MeshSection:
+    model: int = 1                      # devices that shard each compute weight; "pop" gets the rest
+    device_memory: str = ""             # e.g. "40GB": checked against the memory plan (GPUs: read from the device)
 
 
 @dataclasses.dataclass
@@ -103,6 +110,7 @@ class ESConfig:
     rewards: RewardSection = dataclasses.field(default_factory=RewardSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
+    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
 
 
 # ----------------------------------------------------------------------------- GRPO

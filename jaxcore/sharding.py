@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -89,3 +90,90 @@ def replicate_model(model: Any, mesh: Mesh) -> Any:
 
     nnx.update(model, replicate_tree(nnx.state(model), mesh))
     return model
+
+
+# ----------------------------------------------------------------------------- (pop, model) meshes
+
+POP, MODEL = "pop", "model"
+_COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up", "lm_head")   # shard the output dim
+_ROW_PARALLEL = ("attn.o", "mlp.down")                                               # shard the input dim
+
+
+def es_mesh(model_size: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+    """The ES mesh: ("pop", "model"); `model` shards the compute weights, `pop` gets the other devices."""
+    if model_size < 1:
+        raise ValueError(f"mesh.model={model_size} must be >= 1")
+    return make_mesh({POP: -1, MODEL: model_size}, devices)
+
+
+def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size: int) -> P:
+    """Megatron layout: column-parallel q/k/v/gate/up/lm_head (output dim, and their biases),
+    row-parallel o/down (input dim), the embedding table over its hidden dim; the rest replicated."""
+    module, _, leaf = path.rpartition(".")
+    module = module.split(".", 2)[-1] if module.startswith("blocks.") else module
+    dims: list[str | None] = [None] * len(shape)
+    if module in _COLUMN_PARALLEL:
+        dim = len(shape) - 1 if leaf in ("kernel", "bias") else None
+    elif module in _ROW_PARALLEL:
+        dim = 0 if leaf == "kernel" else None
+    elif path == "embed.table":
+        dim = 1
+    else:
+        dim = None
+    if axis_size == 1 or dim is None or shape[dim] % axis_size:
+        return P()
+    dims[dim] = axis
+    return P(*dims)
+
+
+def master_spec(shape: tuple[int, ...], mesh: Mesh, min_size: int = 2**14) -> P:
+    """fp32 masters and optimizer state: FSDP over every device of the mesh (all axes flattened)."""
+    return fsdp_spec(shape, mesh.axis_names if len(mesh.axis_names) > 1 else mesh.axis_names[0],  # type: ignore[arg-type]
+                     mesh.size, min_size)
+
+
+def factor_specs(w_spec: P, row_axis: str | None) -> tuple[P, P]:
+    """Specs of a pair's factors a [P, I, r], b [P, O, r] consistent with their weight's spec (I, O)."""
+    w_in, w_out = (tuple(w_spec) + (None, None))[:2]
+    return P(row_axis, w_in, None), P(row_axis, w_out, None)
+
+
+def shard_params(flat: dict[str, Any], spec_of: Any, mesh: Mesh, dtype: Any = None) -> dict[str, jax.Array]:
+    """Each parameter at NamedSharding(mesh, spec_of(path, shape)), floats cast to `dtype` (if given).
+
+    Device arrays are resharded in one compiled program (XLA gathers/slices as needed); host arrays
+    are placed per tensor, each device receiving only its slice.
+    """
+    targets = tuple((path, NamedSharding(mesh, spec_of(path, tuple(v.shape)))) for path, v in flat.items())
+    if all(isinstance(v, jax.Array) for v in flat.values()):
+        return _resharder(targets, None if dtype is None else np.dtype(dtype).name)(flat)
+    out = {}
+    for path, target in targets:
+        value = np.asarray(flat[path])
+        out[path] = put_global(value.astype(dtype) if dtype is not None and np.issubdtype(value.dtype, np.floating)
+                               else value, target)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _resharder(targets: tuple[tuple[str, NamedSharding], ...], dtype: str | None) -> Any:
+    def cast(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        return {k: v.astype(dtype) if dtype and jax.numpy.issubdtype(v.dtype, jax.numpy.floating) else v
+                for k, v in flat.items()}
+    return jax.jit(cast, out_shardings=dict(targets))
+
+
+def gathered_model(model: Any) -> Any:
+    """A copy of `model` whose parameters are host arrays, gathered from every process when sharded
+    across hosts (a collective: every process must call it). For export (`save_hf`)."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    def host(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x
+    return nnx.merge(graphdef, jax.tree.map(host, state))

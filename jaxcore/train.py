@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from jaxcore import sharding
 from jaxcore.checkpoint import TrainCheckpointer
 from jaxcore.errors import TaskConfigError, TrainingError  # noqa: F401  (re-exported)
 from jaxcore.generate import generate
@@ -326,9 +327,11 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     with OutDirLock(cfg.train.out_dir, lock_name):
         summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
                                                                                  allow_changes=allow_changes)
-    if cfg.train.export_hf and summary["stopped_by"] is None and jax.process_index() == 0:
+    if cfg.train.export_hf and summary["stopped_by"] is None:
         export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
-        summary["final_hf"] = str(save_hf(export, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
-        if hasattr(algorithm, "export_extra"):
-            summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
+        final = sharding.gathered_model(export)        # every process takes part in the gather
+        if jax.process_index() == 0:
+            summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
+            if hasattr(algorithm, "export_extra"):
+                summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
     return summary

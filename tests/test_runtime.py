@@ -225,7 +225,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tiny_dir, tmp_path):
                "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
         cmd = [sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, tmp_path / "multi", *args),
                f"distributed.coordinator=localhost:{port}", "distributed.num_processes=2",
-               f"distributed.process_id={rank}"]
+               f"distributed.process_id={rank}", "mesh.model=2"]      # 2 processes x 4 devices: pop=4, model=2
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for proc in procs:
         _, err = proc.communicate(timeout=300)

@@ -6,7 +6,10 @@ examples:
   jaxcore es --config configs/addition.yaml --resume          # continue from the latest checkpoint
 
 Every `key=value` after the options overrides the YAML (dotted keys; unknown keys are an error).
-The population is sharded over every visible device; multi-host runs set distributed.coordinator.
+The mesh is (pop, model): mesh.model=M shards each weight over M devices, the population gets the
+rest; master weights and optimizer state are sharded over all devices (es.master_dtype). The run is
+refused at start-up when `jaxcore plan` says it cannot fit the device memory.
+Multi-host runs set distributed.coordinator.
 Outputs under train.out_dir: metrics.jsonl, tensorboard/, checkpoints/, reward.png, final_hf/.
 """
 
