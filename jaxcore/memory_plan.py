@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxcore.errors import UserError
 from jaxcore.generate import bucket_length
 from jaxcore.model_config import ModelConfig
 
@@ -133,10 +134,15 @@ def parse_bytes(text: str) -> float:
     """'40GB', '40GiB', '4e10' -> bytes."""
     units = {"gib": 2**30, "gb": 1e9, "mib": 2**20, "mb": 1e6, "kib": 2**10, "kb": 1e3, "b": 1}
     lowered = text.strip().lower()
-    for unit, scale in units.items():
+    number, scale = lowered, 1.0
+    for unit, unit_scale in units.items():
         if lowered.endswith(unit):
-            return float(lowered[: -len(unit)]) * scale
-    return float(lowered)
+            number, scale = lowered[: -len(unit)], unit_scale
+            break
+    try:
+        return float(number) * scale
+    except ValueError:
+        raise UserError(f"device memory {text!r}: expected a size such as 40GB, 80GiB or 4e10") from None
 
 
 def plan_es_config(es_cfg: Any, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,

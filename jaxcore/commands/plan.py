@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from jaxcore.cli import UserError
+    from jaxcore.errors import UserError
     from jaxcore.job_config import ESConfig
     from jaxcore.memory_plan import largest_population, parse_bytes, plan_es_config
     from jaxcore.model_config import config_from_hf
