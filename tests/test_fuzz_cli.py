@@ -17,6 +17,7 @@ FILES = {
     "broken.jsonl": "{not json\n",
     "empty.txt": "",
     "notdir": "x",
+    "questions.json": '[["What is 12 plus 30 and why?", "42"]]',
 }
 
 CASES = [
@@ -60,6 +61,9 @@ CASES = [
                                            "{tmp}/broken.jsonl", "--out", "{tmp}/r.json"]),
     ("datagen-bad-temperature", "torchref", ["rft-datagen", "--model", "{model}", "--questions",
                                              "{tmp}/broken.jsonl", "--out", "{tmp}/r.json", "--temperature", "x"]),
+    ("datagen-prompt-too-long", "torchref", ["rft-datagen", "--model", "{model}", "--questions",
+                                             "{tmp}/questions.json", "--out", "{tmp}/r.json", "--max-prompt-length",
+                                             "4", "--no-truncate-prompts", "--no-progress"]),
     ("train-missing-data", "torchref", ["rft-train", "--model", "{model}", "--data", "{tmp}/missing.json",
                                         "--out", "{tmp}/t"]),
     ("eval-missing-model", "torchref", ["rft-eval", "--model", "{tmp}/missing", "--questions",

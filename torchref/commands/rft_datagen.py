@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--stats", default=None, help="also write the run's statistics to this JSON file")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument("--max-prompt-length", type=int, default=None,
+                        help="prompt tokens kept (default: the model's positions minus max_new_tokens)")
+    parser.add_argument("--no-truncate-prompts", dest="truncate_prompts", action="store_false",
+                        help="refuse over-long prompts instead of keeping their last tokens")
     add_engine_arguments(parser)
     add_prompt_arguments(parser)
 
@@ -53,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     config = DatagenConfig(oversample=knobs["oversample"], batch_size=knobs["batch_size"],
                            micro_batch_size=knobs["micro_batch_size"], chunk_size=knobs["chunk_size"], keep=args.keep)
     params = SamplingParams(max_new_tokens=knobs["max_new_tokens"], temperature=knobs["temperature"],
-                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            max_prompt_length=args.max_prompt_length, truncate_prompts=args.truncate_prompts)
     engine = load_engine(args.engine, args.model, params, dtype=args.dtype, **prompt_options(args))
     entries, stats = generate_dataset(engine, questions, config, progress=args.progress)
     write_json(args.out, entries)
