@@ -13,6 +13,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from jaxcore.errors import UserError  # noqa: F401  (re-exported)
 
@@ -52,14 +53,20 @@ def quiet_library_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line on stderr (exit code 2) instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def make_parser(prog: str, description: str | None, subcommands: dict[str, tuple[str, str]]
                 ) -> argparse.ArgumentParser:
     """A parser whose subcommands are modules with `add_arguments(parser)` and `run(args)`.
 
     `subcommands` maps a command name to (module path, one-line help).
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_path, help_text) in subcommands.items():

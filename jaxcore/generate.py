@@ -142,8 +142,9 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
         raise ValueError("prompts must be left-padded (attention_mask[:, -1] must be 1)")
     config = model.config
     length = bucket_length(ids_BT.shape[1])
-    if length + max_new_tokens > config.max_position_embeddings and config.learned_positions:
-        raise ValueError(f"prompt bucket {length} + max_new_tokens {max_new_tokens} exceeds the model's "
+    longest = int(mask_BT.sum(-1).max())        # positions come from the mask: the bucket's padding takes none
+    if longest + max_new_tokens > config.max_position_embeddings and config.learned_positions:
+        raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
                          f"{config.max_position_embeddings} learned positions")
     ids_BT, mask_BT = pad_left(ids_BT, mask_BT, length, pad_token_id)
     if num_return_sequences > 1:
