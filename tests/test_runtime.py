@@ -160,8 +160,8 @@ def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, t
 
     real = eggroll.estimate_gradient
 
-    def poisoned(plan, epoch, fitness):
-        grads = real(plan, epoch, fitness)
+    def poisoned(plan, epoch, fitness, **kwargs):
+        grads = real(plan, epoch, fitness, **kwargs)
         if int(epoch) in (1, 3, 4):
             grads = {k: v * jnp.nan for k, v in grads.items()}
         return grads
