@@ -184,14 +184,22 @@ class GRPOLearner:
             num_items = loss_mask(batch, self.cfg.mask_truncated_completions).sum().astype(jnp.float32)
         key = jax.random.fold_in(jax.random.key(self.cfg.seed + 1), self.state.step) \
             if self.cfg.lora is not None and self.cfg.lora.dropout > 0 else None
+        before = int(self.state.step) if self.syncs_ref() else None   # read before the step donates it
         self.state, metrics = self._step(self.state, self.frozen, batch, num_items, key)
-        self.maybe_sync_ref()
+        if before is not None:
+            self.maybe_sync_ref(before)
         return {k: float(v) for k, v in metrics.items()}
 
-    def maybe_sync_ref(self) -> None:
-        """TRL's SyncRefModelCallback: at every `ref_model_sync_steps`-th step, ref <- a * policy + (1 - a) * ref."""
-        cfg = self.cfg
-        if not cfg.sync_ref_model or self.ref is None or int(self.state.step) % cfg.ref_model_sync_steps:
+    def syncs_ref(self) -> bool:
+        return self.cfg.sync_ref_model and self.ref is not None
+
+    def maybe_sync_ref(self, step_before: int) -> None:
+        """TRL's SyncRefModelCallback (on_step_end at global_step % ref_model_sync_steps == 0): after a step
+        that reached a multiple of `ref_model_sync_steps`, ref <- a * policy + (1 - a) * ref. A skipped
+        (non-finite) step leaves `state.step` where it was and does not sync: it is no optimiser step,
+        and syncing again at the same count (or at step 0) would mix twice."""
+        cfg, step = self.cfg, int(self.state.step)
+        if not self.syncs_ref() or step == step_before or step % cfg.ref_model_sync_steps:
             return
         graphdef, params, rest = self.ref
         self.ref = graphdef, self._mix(params, self.state.params, cfg.ref_model_mixup_alpha), rest

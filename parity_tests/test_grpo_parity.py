@@ -71,7 +71,8 @@ def torch_loss_and_grads(hf_model, batch, cfg) -> tuple[float, dict[str, float],
     return loss.item(), metrics, {name: p.grad.numpy().copy() for name, p in hf_model.named_parameters()}
 
 
-def compare(family: str, cfg, model, loss: float, metrics: dict, grads: dict, ref: tuple) -> None:
+def compare(family: str, cfg, model, loss: float, metrics: dict, grads: dict, ref: tuple, *,
+            clipped: bool = True) -> None:
     loss_t, metrics_t, grads_t = ref
     loss_err = abs(loss - loss_t) / abs(loss_t)
     ours = params_to_hf(model.config, flatten(grads))
@@ -88,7 +89,7 @@ def compare(family: str, cfg, model, loss: float, metrics: dict, grads: dict, re
         if key not in metrics:
             continue
         assert float(metrics[key]) == pytest.approx(value, rel=1e-5, abs=1e-7), key
-    if "clip_ratio/region_mean" in metrics_t:
+    if clipped and "clip_ratio/region_mean" in metrics_t:
         assert metrics_t["clip_ratio/region_mean"] > 0  # the clipped branch is exercised
     if cfg.beta:
         assert metrics_t["kl"] > 0.01                    # the reference really differs
@@ -148,6 +149,36 @@ def test_trl_options_match_torch(setup, option):
     ref = torch_loss_and_grads(hf_model, batch, cfg)
     print(option, end=": ")
     compare(family, cfg, model, float(loss), metrics, grads, ref)
+
+
+# TRL's default path with mu = 1 and steps_per_generation == gradient_accumulation_steps: no stored
+# old log-probs, so old = logp.detach() and the ratio is 1 in value, but the bias-corrected KL
+# kl * ratio still has the gradient kl * d logp (TRL 1.16 `_compute_loss`; jaxcore's learner stores no
+# old_logp in that configuration either).
+NO_OLD_LOGP = {
+    "no_old_dapo": dict(loss_type="dapo", beta=0.04),
+    "no_old_grpo": dict(loss_type="grpo", beta=0.04),
+    "no_old_sequence": dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.04),
+}
+
+
+@pytest.mark.parametrize("option", list(NO_OLD_LOGP))
+def test_bias_corrected_kl_without_old_logp_matches_torch(setup, option):
+    family, model, hf_model, batch = setup
+    batch = batch.replace(old_logp_BL=None)
+    cfg = GRPOTrainConfig(max_completion_length=9, epsilon_high=0.28, **NO_OLD_LOGP[option])
+    assert cfg.use_bias_correction_kl                           # TRL's default
+    loss, metrics, grads = loss_and_grads(model, batch, cfg)
+    ref = torch_loss_and_grads(hf_model, batch, cfg)
+    print(option, end=": ")
+    compare(family, cfg, model, float(loss), metrics, grads, ref, clipped=False)
+    # The correction's kl * d logp term is far above the tolerance, so dropping it (or detaching the
+    # ratio) would fail the comparison above.
+    _, _, plain = loss_and_grads(model, batch, dataclasses.replace(cfg, use_bias_correction_kl=False))
+    ours, plain = flatten(grads), flatten(plain)
+    shift = max(rel_err(plain[k], ours[k]) for k in ours)
+    print(f"  bias-correction gradient share {shift:.1e}")
+    assert shift > 100 * GRAD_REL_TOL
 
 
 def test_dapo_global_normaliser_matches_torch(setup):

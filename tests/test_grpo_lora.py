@@ -1,6 +1,8 @@
 """GRPO with LoRA adapters (the reference is the frozen base, no copy; a short run raises the held-out
 reward), steps_per_generation, and TR-DPO reference sync."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ from jaxcore.bench.grpo import synthetic_batch
 from jaxcore.generate import generate
 from jaxcore.grpo import compute_advantages
 from jaxcore.grpo_learner import GRPOLearner
-from jaxcore.grpo_step import GRPOTrainConfig, build_batch
+from jaxcore.grpo_step import GRPOTrainConfig, batch_objective, build_batch
 
 LORA = lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("all-linear",))
 
@@ -57,6 +59,41 @@ def test_bf16_base_with_dropout_learns(path, batch):
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(learner.frozen))
     metrics = [learner.train_on_rollout(batch)[0] for _ in range(3)]
     assert all(np.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
+
+
+def test_lora_dropout_acts_in_training_only(path, batch):
+    """With non-zero adapters, dropout 0.1 changes the training loss (same key as a dropout-0 learner)
+    and the step, while the deterministic forward (no key: `learner.model`, old log-probs) equals dropout 0.
+    (beta != 0 so the loss value depends on the log-probs: with mu = 1 the policy term is -mean(A).)"""
+    learners = {}
+    for p in (0.0, 0.1):
+        cfg = GRPOTrainConfig(loss_type="grpo", beta=0.04, learning_rate=1e-2, max_completion_length=8,
+                              lora=lora.LoRAConfig(rank=2, dropout=p, target_modules=("all-linear",)))
+        learner = GRPOLearner(jaxcore.load_hf(path), cfg)
+        params = {k: {"a": ab["a"], "b": 0.2 * jax.random.normal(jax.random.fold_in(jax.random.key(7), i),
+                                                                  ab["b"].shape)}
+                  for i, (k, ab) in enumerate(sorted(learner.state.params.items()))}
+        learner.state = dataclasses.replace(learner.state, params=params)
+        learners[p] = learner
+    prepared = learners[0.0].prepare(batch)
+    key = jax.random.key(3)
+
+    def loss(p, key):
+        learner = learners[p]
+        model = learner.build(learner.state.params, learner.frozen, key)
+        return float(batch_objective(model, prepared, learner.cfg)[0])
+
+    assert loss(0.0, key) == loss(0.0, None)                      # dropout 0 ignores the key
+    assert abs(loss(0.1, key) - loss(0.0, key)) > 1e-4 * abs(loss(0.0, key))
+    assert loss(0.1, key) != loss(0.1, jax.random.key(4))         # a fresh mask per key
+    assert loss(0.1, None) == pytest.approx(loss(0.0, key), rel=1e-6)
+    ids, mask = jnp.asarray(batch.input_ids_BT), jnp.asarray(batch.attention_mask_BT)
+    np.testing.assert_allclose(np.asarray(learners[0.1].model(ids, attention_mask=mask)),
+                               np.asarray(learners[0.0].model(ids, attention_mask=mask)), rtol=1e-6, atol=1e-6)
+    deterministic = loss(0.1, None)
+    steps = {p: learner.step(prepared) for p, learner in learners.items()}     # the step draws a dropout key
+    assert steps[0.0]["loss"] == pytest.approx(deterministic, rel=1e-5)
+    assert abs(steps[0.1]["loss"] - steps[0.0]["loss"]) > 1e-4 * abs(steps[0.0]["loss"])
 
 
 def test_steps_per_generation_splits_the_rollout(path, batch):

@@ -1,0 +1,103 @@
+"""GRPO learner options: TRL's Adam knobs reach the optimiser, and a skipped (non-finite) step never
+triggers a reference-model sync."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcore
+from jaxcore.bench.grpo import synthetic_batch
+from jaxcore.grpo_learner import GRPOLearner
+from jaxcore.grpo_step import GRPOTrainConfig, loss_and_grads
+
+
+@pytest.fixture(scope="module")
+def path(tiny_dir):
+    return tiny_dir("llama")
+
+
+@pytest.fixture(scope="module")
+def batch(path):
+    vocab = jaxcore.load_hf(path).config.vocab_size
+    return synthetic_batch(vocab, 8, 6, 8, group_size=4, seed=1)
+
+
+def flat(tree) -> dict[str, np.ndarray]:
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_adam_knobs_reach_the_optimizer(path, batch):
+    """Two learner steps with non-default adam_beta1/adam_beta2/adam_epsilon/weight_decay and a linear
+    schedule equal AdamW written out in numpy (the second step is where beta1/beta2 show: the first
+    update of a bias-corrected Adam is g / (|g| + eps) whatever the betas)."""
+    cfg = GRPOTrainConfig(loss_type="dapo", learning_rate=1e-2, total_steps=4, adam_beta1=0.5, adam_beta2=0.7,
+                          adam_epsilon=1e-3, weight_decay=0.1, max_grad_norm=0.0, max_completion_length=8)
+    defaults = GRPOTrainConfig()
+    assert (defaults.adam_beta1, defaults.adam_beta2, defaults.adam_epsilon) == (0.9, 0.999, 1e-8)   # TRL/HF's
+    learner = GRPOLearner(jaxcore.load_hf(path), cfg)
+
+    b1, b2, eps, wd = cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay
+    p = flat(learner.state.params)
+    m = {k: np.zeros_like(v) for k, v in p.items()}
+    v = {k: np.zeros_like(x) for k, x in p.items()}
+    prepared = learner.prepare(batch)
+    for t, lr in ((1, 1e-2), (2, 1e-2 * 3 / 4)):                  # linear decay to 0 at total_steps = 4
+        _, _, grads = loss_and_grads(learner.model, prepared, cfg)
+        g = flat(grads)
+        metrics = learner.step(prepared)
+        assert metrics["learning_rate"] == pytest.approx(lr, rel=1e-6)
+        for k in p:
+            m[k] = b1 * m[k] + (1 - b1) * g[k]
+            v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
+            m_hat, v_hat = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
+            decay = wd * p[k] if p[k].ndim >= 2 else 0.0             # HF/TRL: no decay on biases and norms
+            p[k] = p[k] - lr * (m_hat / (np.sqrt(v_hat) + eps) + decay)
+        ours = flat(learner.state.params)
+        for k in p:
+            np.testing.assert_allclose(ours[k], p[k], rtol=1e-5, atol=1e-7, err_msg=f"step {t} {k}")
+
+    # The same two steps under the default knobs land elsewhere (the test can tell them apart).
+    plain = GRPOLearner(jaxcore.load_hf(path), dataclasses.replace(cfg, adam_beta1=0.9, adam_beta2=0.999,
+                                                                    adam_epsilon=1e-8, weight_decay=0.0))
+    plain.step(prepared)
+    plain.step(prepared)
+    other = flat(plain.state.params)
+    assert max(np.abs(other[k] - p[k]).max() for k in p) > 1e-4
+
+
+def test_skipped_step_does_not_sync_the_reference(path, tiny_dir, batch):
+    """TRL syncs on_step_end at global_step % ref_model_sync_steps == 0. A non-finite step is skipped
+    here and `state.step` stays put, so it must not sync: not at step 0, and not again at step 2."""
+    cfg = GRPOTrainConfig(beta=0.04, learning_rate=1e-2, max_completion_length=8, sync_ref_model=True,
+                          ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
+    learner = GRPOLearner(jaxcore.load_hf(path), cfg, ref_model=jaxcore.load_hf(tiny_dir("llama", seed=1)))
+    prepared = learner.prepare(batch)
+    poisoned = prepared.replace(advantages_B=jnp.full_like(prepared.advantages_B, jnp.nan))
+
+    def ref_leaves():
+        return [np.asarray(x) for x in jax.tree.leaves(learner.ref[1])]
+
+    ref0 = ref_leaves()
+    assert max(np.abs(r - p).max() for r, p in zip(ref0, jax.tree.leaves(learner.state.params))) > 1e-3
+    skipped = learner.step(poisoned)                              # step 0, skipped: 0 % 2 == 0, no sync
+    assert not np.isfinite(skipped["loss"]) and int(learner.state.step) == 0
+    for x, y in zip(ref0, ref_leaves(), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+    learner.step(prepared)                                        # step 1: no sync
+    learner.step(prepared)                                        # step 2: sync
+    assert int(learner.state.step) == 2
+    ref2 = ref_leaves()
+    for r0, p, r in zip(ref0, jax.tree.leaves(learner.state.params), ref2, strict=True):
+        np.testing.assert_allclose(r, 0.6 * np.asarray(p) + 0.4 * r0, rtol=1e-6, atol=1e-7)
+
+    learner.step(poisoned)                                        # still step 2: must not mix again
+    assert int(learner.state.step) == 2
+    for x, y in zip(ref2, ref_leaves(), strict=True):
+        np.testing.assert_array_equal(x, y)
+    learner.step(prepared)                                        # step 3: no sync
+    for x, y in zip(ref2, ref_leaves(), strict=True):
+        np.testing.assert_array_equal(x, y)
