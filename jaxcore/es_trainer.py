@@ -21,7 +21,6 @@ from jaxcore import eggroll, sharding
 from jaxcore.convert import flat_state
 from jaxcore.generate import generate
 from jaxcore.job_config import ESConfig
-from jaxcore.memory_plan import check_es_fits
 from jaxcore.optim import make_schedule
 from jaxcore.rewards import Example, Scorer
 from jaxcore.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
@@ -99,9 +98,6 @@ class EggrollAlgorithm:
             include_embeddings=es.include_embeddings, include_lm_head=es.include_lm_head, non_matrix=es.non_matrix))
         if es.master_dtype not in MASTER_DTYPES:
             raise ValueError(f"es.master_dtype={es.master_dtype!r}: choose {' or '.join(MASTER_DTYPES)}")
-        reason = check_es_fits(cfg)          # after jax.distributed is up, before any weight moves
-        if reason:
-            raise ValueError(reason)
         self.mesh = sharding.es_mesh(cfg.mesh.model)
         pop_devices = self.mesh.shape[sharding.POP]
         if es.population % pop_devices:

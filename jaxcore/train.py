@@ -300,6 +300,7 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     """
     from jaxcore.convert import save_hf
     from jaxcore.errors import UserError
+    from jaxcore.memory_plan import check_fits
     from jaxcore.model_checkpoint import load_any
     from jaxcore.sharding import maybe_initialize_distributed
     from jaxcore.tokenization import eos_token_ids, load_tokenizer
@@ -308,6 +309,9 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     if d.coordinator:
         maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
     task = task if task is not None else make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights)
+    reason = check_fits(cfg, model.config if model is not None else None)   # config.json only: before loading
+    if reason:
+        raise UserError(reason)
     if model is None:
         if not cfg.model.path:
             raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")

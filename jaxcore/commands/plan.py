@@ -1,62 +1,102 @@
-"""Per-device memory of an ES run, from the config and the model's config.json (no weights loaded).
+"""Per-device memory of an ES or GRPO run, from the config and the model's config.json (no weights loaded).
 
 examples:
   jaxcore plan --config configs/countdown.yaml
   jaxcore plan --config es8b.yaml --devices 8 --device-memory 40GB --json plan.json
   jaxcore plan --config es8b.yaml --model-config tests/data/llama3.1-8b/config.json mesh.model=2
+  jaxcore plan --config configs/grpo_addition.yaml --devices 8 --device-memory 80GB grpo.fsdp=8
 
-Prints compute weights, master weights, optimizer state, factors, KV cache and activations per
-device, the total against --device-memory, and the largest population that fits.
+A config with a `grpo` section (or grpo.* overrides) is planned as a GRPO run, else as ES. Prints
+each term per device (compute weights, master weights, optimizer state, factors or gradients, KV
+cache, activations), the peak against --device-memory and, when it does not fit, the same one line
+`jaxcore es`/`grpo` refuse with (the biggest term and what to change); then the largest population
+(ES) or prompts_per_epoch (GRPO) that fits.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="ES YAML config (see configs/)")
+    parser.add_argument("--config", help="ES or GRPO YAML config (see configs/)")
     parser.add_argument("--devices", type=int, default=None, help="devices (default: the visible ones)")
     parser.add_argument("--device-memory", default=None, help="per-device memory, e.g. 40GB (default: none)")
     parser.add_argument("--model-config", default=None, help="config.json (default: model.path/config.json)")
-    parser.add_argument("--prompt-tokens", type=int, default=128, help="longest prompt in tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="longest prompt in tokens (default: rollout.max_prompt_length, else 128)")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+
+
+def config_type(path: str | None, overrides: list[str]) -> type:
+    """GRPOConfig when the YAML has a `grpo` section or an override sets grpo.*, else ESConfig."""
+    from jaxcore.job_config import ESConfig, GRPOConfig
+    from jaxcore.yaml_config import read_yaml
+
+    keys = set(read_yaml(path)) if path else set()
+    keys |= {o.split("=", 1)[0].split(".", 1)[0] for o in overrides}
+    return GRPOConfig if "grpo" in keys else ESConfig
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from jaxcore.errors import UserError
-    from jaxcore.job_config import ESConfig
-    from jaxcore.memory_plan import largest_population, parse_bytes, plan_es_config
+    from jaxcore.memory_plan import (
+        hf_config_at,
+        largest_multiple,
+        largest_population,
+        mesh_divisor,
+        parse_bytes,
+        plan_config,
+        refusal,
+    )
     from jaxcore.model_config import config_from_hf
     from jaxcore.yaml_config import load_config
 
-    cfg = load_config(ESConfig, args.config, args.overrides)
-    source = Path(args.model_config or Path(cfg.model.path) / "config.json")
-    if not source.is_file():
+    cfg = load_config(config_type(args.config, args.overrides), args.config, args.overrides)
+    if args.model_config:
+        source = Path(args.model_config)
+        hf = json.loads(source.read_text()) if source.is_file() else None
+    else:
+        source = Path(cfg.model.path) / "config.json"
+        hf = hf_config_at(cfg.model.path)
+    if hf is None:
         raise UserError(f"{source}: no config.json (pass --model-config)")
-    model_cfg = config_from_hf(json.loads(source.read_text()))
+    model_cfg = config_from_hf(hf)
     if args.devices is None:
         import jax
 
         args.devices = jax.device_count()
     memory = parse_bytes(args.device_memory) if args.device_memory else None
-    if args.devices % cfg.mesh.model:
-        raise UserError(f"mesh.model={cfg.mesh.model} does not divide {args.devices} devices")
-    plan = plan_es_config(cfg, model_cfg, devices=args.devices, device_memory=memory, prompt_tokens=args.prompt_tokens)
+    name, size = mesh_divisor(cfg)
+    if size < 1 or args.devices % size:
+        raise UserError(f"{name}={size} does not divide {args.devices} devices")
+    common = dict(devices=args.devices, device_memory=memory, prompt_tokens=args.prompt_tokens)
+    plan = plan_config(cfg, model_cfg, **common)
     print(plan.table())
-    best = None
+    reason = refusal(plan)
+    if reason:
+        print(reason)
+    out = {**plan.to_json()}
     if memory is not None:
-        pop = args.devices // cfg.mesh.model
-        best = largest_population(lambda n: plan_es_config(cfg, model_cfg, devices=args.devices, device_memory=memory,
-                                                           prompt_tokens=args.prompt_tokens, population=n).fits,
-                                  cfg.es.population, pop)
-        print(f"largest population that fits: {best}")
+        if plan.algorithm == "es":
+            best = largest_population(lambda n: plan_config(cfg, model_cfg, population=n, **common).fits,
+                                      cfg.es.population, args.devices // cfg.mesh.model)
+            print(f"largest population that fits: {best}")
+            out["largest_population"] = best
+        else:
+            g = cfg.rollout.generations_per_prompt
+            micro = cfg.grpo.steps_per_generation or cfg.grpo.gradient_accumulation_steps
+            split = args.devices * micro              # rows = prompts x G must split over devices x micro-batches
+            step = split // math.gcd(split, g)
+            best = largest_multiple(lambda p: plan_config(cfg, model_cfg, prompts=p, **common).fits,
+                                    cfg.rollout.prompts_per_epoch, step)
+            print(f"largest rollout.prompts_per_epoch that fits: {best}")
+            out["largest_prompts_per_epoch"] = best
     if args.json:
-        Path(args.json).write_text(json.dumps({"terms_bytes": plan.terms, "total_bytes": plan.total,
-                                               "device_memory_bytes": memory, "fits": plan.fits,
-                                               "devices": args.devices, "largest_population": best}, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
