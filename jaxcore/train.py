@@ -269,17 +269,19 @@ class Runner:
         bar.close()
         self.checkpointer.close()
         logger.close()
-        summary["eval_reward_after"] = self._last_eval(logger.path)
+        before, after = self._first_and_last_eval(logger.path)
+        summary["eval_reward_before"] = summary.get("eval_reward_before", before)   # a resumed run: from its log
+        summary["eval_reward_after"] = after
         if self.is_main and summary["stopped_by"] is None:
             plot_rewards(logger.path, self.out_dir / "reward.png", title=f"{self.cfg.task.name}")
         return summary
 
     @staticmethod
-    def _last_eval(metrics_path: Path) -> float | None:
+    def _first_and_last_eval(metrics_path: Path) -> tuple[float | None, float | None]:
         from jaxcore.metrics import read_metrics
 
         evals = [r["eval/reward"] for r in read_metrics(metrics_path) if "eval/reward" in r]
-        return evals[-1] if evals else None
+        return (evals[0], evals[-1]) if evals else (None, None)
 
 
 def state_shapes(state: Any) -> dict[str, list[int]]:

@@ -234,3 +234,15 @@ def test_two_processes_equal_one_process_with_eight_devices(tiny_dir, tmp_path):
     assert any(not np.array_equal(one[k], start[k]) for k in one)
     for key in one:
         np.testing.assert_allclose(two[key], one[key], atol=1e-6, rtol=0, err_msg=key)
+
+
+def test_resumed_summary_reads_the_held_out_reward_before_training_from_the_log(tmp_path):
+    from jaxcore.train import Runner
+
+    log = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "eval/reward": 0.25}, {"step": 1, "reward": 0.5}, {"step": 2, "eval/reward": 0.75},
+            {"step": 3, "reward": 0.9}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert Runner._first_and_last_eval(log) == (0.25, 0.75)
+    log.write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+    assert Runner._first_and_last_eval(log) == (None, None)
