@@ -47,6 +47,10 @@ class TaskError(ValueError):
     """A task could not be built or its data is malformed."""
 
 
+class RewardFunctionError(TaskError):
+    """A reward function or reward model cannot be imported, called or trusted (`rewards.functions`)."""
+
+
 class TaskConfigError(ValueError):
     """A task name or option the registry does not know."""
 
@@ -57,4 +61,5 @@ class TrainingError(RuntimeError):
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     UserError, ConfigValueError, ConfigError, CheckpointError, CheckpointWriteError, NoRestorableCheckpointError,
-    ResumeError, OutDirLockedError, PromptLengthError, TaskError, TaskConfigError, TrainingError, FileNotFoundError)
+    ResumeError, OutDirLockedError, PromptLengthError, TaskError, RewardFunctionError, TaskConfigError, TrainingError,
+    FileNotFoundError)

@@ -8,6 +8,7 @@ package (`pip install 'jaxcore[gguf]'`).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -33,16 +34,28 @@ def load_gguf(gguf_file: str | os.PathLike) -> tuple[object, object]:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    verbosity = transformers.logging.get_verbosity()
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()          # its GGUF warnings are not ours to print
+    transformers.logging.disable_progress_bar()
+    gguf_bar = getattr(gguf_utils, "tqdm", None)        # the dequantizing bar (plain tqdm): a failure stays one line
+    if gguf_bar is not None:
+        gguf_utils.tqdm = functools.partial(gguf_bar, disable=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    except (ValueError, KeyError, NotImplementedError, OSError, RuntimeError) as err:
+    except NotImplementedError as err:                  # gguf's "Dequantization for Q8_K is not yet implemented"
+        what = "a tensor type transformers cannot dequantize" if "quantiz" in str(err).lower() else "not supported"
+        raise CheckpointError(f"{path}: transformers cannot read this GGUF: {what} ({_first_line(err)})") from err
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
         raise CheckpointError(f"{path}: transformers cannot read this GGUF ({_first_line(err)})") from err
     finally:
         transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.logging.enable_progress_bar()
+        if gguf_bar is not None:
+            gguf_utils.tqdm = gguf_bar
     if model.config.model_type not in SUPPORTED_TYPES:
         raise CheckpointError(f"{path}: architecture {model.config.model_type!r} is not supported "
                               f"(supported: {', '.join(SUPPORTED_TYPES)})")

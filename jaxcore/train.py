@@ -133,17 +133,11 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
 
 
 def with_rewards(task: Any, functions: Sequence[Any], weights: Sequence[float] | None) -> Any:
-    """`task` scored by `functions` instead of its own rewards; each user function is probed once."""
-    from jaxcore.rewards.user_functions import probe_rewards, resolve_rewards
+    """`task` scored by `functions` instead of its own rewards (checked and probed first; see
+    `jaxcore.rewards.user_functions`)."""
+    from jaxcore.rewards.user_functions import task_with_rewards
 
-    try:
-        probe = task.examples("eval", 2, 0)
-    except TaskError:
-        probe = task.examples("eval", 1, 0)
-    columns = sorted({key for example in probe for key in example.columns})
-    fns, fn_weights = resolve_rewards(functions, weights, columns)
-    probe_rewards(fns, probe)
-    return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
+    return task_with_rewards(task, functions, weights)
 
 
 class Runner:

@@ -8,10 +8,11 @@
 `model` is a path (HF directory or jaxcore checkpoint) or a loaded `jaxcore.Transformer` (then pass
 `tokenizer`, a directory with the tokenizer files). `reward_funcs` are TRL-style callables, spec
 strings ("my_rewards.py:fn", "pkg.mod:fn", "model:DIR") or built-in names; without them the
-config's `rewards.functions` or the task's own rewards are used. `train_dataset` / `eval_dataset`
-are a `datasets.Dataset`, a list of dicts or a path (JSON, JSONL, a saved HF dataset); every column
-besides "prompt" reaches the reward functions. Without `train_dataset` the config's `task` is used.
-One runtime underneath: `jaxcore.train.run_training` and its `Runner`.
+config's `rewards.functions` or the task's own rewards are used. `args.rewards.weights` go one per
+reward function (`reward_funcs` or `rewards.functions`); weights without functions are an error.
+`train_dataset` / `eval_dataset` are a `datasets.Dataset`, a list of dicts or a path (JSON, JSONL, a
+saved HF dataset); every column besides "prompt" reaches the reward functions. Without
+`train_dataset` the config's `task` is used. One runtime underneath: `jaxcore.train.run_training` and its `Runner`.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ class _Trainer:
 
     def make_task(self) -> Any:
         """The task: the datasets with the reward functions, or the configured task (rewards replaced)."""
+        from jaxcore.errors import ConfigValueError
         from jaxcore.rewards.file_tasks import dataset_task
         from jaxcore.train import make_task, with_rewards
 
         functions = self.reward_funcs if self.reward_funcs is not None else list(self.args.rewards.functions)
         weights = self.args.rewards.weights
+        if weights is not None and not functions:
+            raise ConfigValueError("rewards.weights is set but rewards.functions is empty: the weights are one per "
+                                   "entry of rewards.functions (to reweight the task's own rewards, list them there)")
         if self.train_dataset is None:
             return make_task(self.args.task, functions, weights)
         if not functions:

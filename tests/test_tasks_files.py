@@ -177,3 +177,44 @@ def test_two_files(tmp_path: Path) -> None:
     assert task.num_examples("train") == 6 and task.num_examples("eval") == 4
     with raises_exactly(f"{tmp_path / 'nope.json'}: file not found"):
         get_task("file", path=train, eval_path=tmp_path / "nope.json")
+
+
+CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Capital of Peru?"}]
+ROWS = [
+    {"prompt": "Capital of France?", "answer": "Paris", "max_words": 1, "tags": ["geo", "eu"], "meta": {"id": 7}},
+    {"prompt": CHAT, "answer": "Lima", "max_words": None, "tags": [], "meta": {"id": 8}},
+]
+
+
+def columns_of(examples: list[Example]) -> list[dict]:
+    """Example equality ignores columns: compare them explicitly."""
+    return [dict(e.columns) for e in examples]
+
+
+@pytest.mark.parametrize("kind", ["json", "jsonl"])
+def test_json_and_jsonl_keep_every_column(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / f"d.{kind}"
+    if kind == "json":
+        write(path, json.dumps(ROWS))
+    else:
+        jsonl(path, ROWS)
+    examples = load_records(path)
+    assert [(e.prompt, e.answer) for e in examples] == [(r["prompt"], r["answer"]) for r in ROWS]
+    assert columns_of(examples) == [{k: v for k, v in r.items() if k != "prompt"} for r in ROWS]
+    partial = jsonl(tmp_path / "partial.jsonl", [{"prompt": "a", "hint": "h"}, {"prompt": "b"}])
+    assert columns_of(load_records(partial, require_answer=False)) == [{"hint": "h"}, {}]
+
+
+def test_hf_directory_keeps_every_column_and_conversations(tmp_path: Path) -> None:
+    from datasets import Dataset
+
+    # An Arrow column has one type: every prompt of this directory is a conversation (TRL's format).
+    rows = [{**ROWS[0], "prompt": [{"role": "user", "content": "Capital of France?"}]}, ROWS[1]]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
+    examples = load_records(tmp_path / "hf")
+    assert [e.prompt for e in examples] == [r["prompt"] for r in rows]     # conversations survive Arrow
+    assert [e.answer for e in examples] == ["Paris", "Lima"]
+    expected = [{k: v for k, v in r.items() if k != "prompt"} for r in rows]
+    assert columns_of(examples) == expected
+    task = get_task("file", path=tmp_path / "hf", eval_fraction=0.5)      # through the task, too
+    assert sorted(map(repr, columns_of([*task.train, *task.eval]))) == sorted(map(repr, expected))

@@ -2,6 +2,7 @@
 prompts, None rewards, reward models, the Python trainer API, and one-line errors for bad functions."""
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,31 @@ def crashes(prompts, completions, **kwargs):
 
 def no_kwargs(prompts, completions):
     return [0.0 for _ in completions]
+
+
+def short(prompts, completions, **kwargs):
+    """No dataset column needed: works on any task."""
+    return [-float(len(c if isinstance(c, str) else c[0]["content"])) for c in completions]
+
+
+def first_number(prompts, completions, **kwargs):
+    """A typical user function: it assumes a real completion (crashes on an empty one)."""
+    import re
+    return [float(len(re.search(r"(.)", c).group(1))) for c in completions]
+
+
+def late_wrong_count(prompts, completions, completion_ids, **kwargs):
+    """Right on the probe (empty completions), wrong on real ones."""
+    return [0.0] * (len(completions) + any(completion_ids))
+
+
+def late_not_number(prompts, completions, completion_ids, **kwargs):
+    return ["high" if ids else 0.0 for ids in completion_ids]
+
+
+def hinted(prompts, completions, hint, **kwargs):
+    """A column that only some rows of the dataset have."""
+    return [0.0 if h is None else 1.0 for h in hint]
 '''
 
 
@@ -100,13 +126,16 @@ def test_functions_are_imported_by_spec_in_worker_processes(user_files):
     ("{dir}/my_rewards.py:no_kwargs", "give it **kwargs"),
     ("{dir}/my_rewards.py:wrong_count", "returned 1 values for 1 samples"),
     ("{dir}/my_rewards.py:not_numbers", "returned 'high' for sample 0"),
-    ("{dir}/my_rewards.py:crashes", "failed on a probe call with empty completions: RuntimeError: boom"),
     ("not_a_builtin", "not a built-in reward"),
+    ("model:{dir}/no_such_model", "no_such_model: no config.json there"),
+    ("model:{dir}/broken_model", "broken_model: cannot load it ("),
 ])
 def test_bad_reward_functions_are_one_line_errors(user_files, tiny_dir, capsys, spec, message):
     spec = spec.format(dir=user_files)
     if spec.endswith("wrong_count"):
         message = "returned 1 values for"
+    (user_files / "broken_model").mkdir()
+    (user_files / "broken_model" / "config.json").write_text('{"model_type": "llama"}')   # no weights, no tokenizer
     capsys.readouterr()
     code = main(["es", f"model.path={tiny_dir('llama')}", f"train.out_dir={user_files / 'out'}", "task.name=file",
                  f"task.options.path={user_files / 'data.jsonl'}", f"rewards.functions=[{spec}]",
@@ -117,8 +146,10 @@ def test_bad_reward_functions_are_one_line_errors(user_files, tiny_dir, capsys, 
 
 
 def run_args(model, out, data, *extra):
-    return ["es", f"model.path={model}", f"train.out_dir={out}", "task.name=file", f"task.options.path={data}",
-            "rollout.prompts_per_epoch=4", "rollout.max_new_tokens=4", "rollout.temperature=1.0", "es.population=8",
+    """A tiny ES run on `data` (a file task), or on the task `extra` names when `data` is None."""
+    task = [] if data is None else ["task.name=file", f"task.options.path={data}"]
+    return ["es", f"model.path={model}", f"train.out_dir={out}", *task, "rollout.prompts_per_epoch=4",
+            "rollout.max_new_tokens=4", "rollout.temperature=1.0", "es.population=8",
             "train.epochs=2", "train.eval_prompts=3", "train.eval_every=2", "train.progress=false",
             "train.tensorboard=false", "train.export_hf=false", *extra]
 
@@ -165,18 +196,10 @@ def test_python_api_with_callable_and_list_dataset(tmp_path, tiny_dir, trainer_n
 
 def test_reward_model_directory_scores_like_trl(tmp_path):
     import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from jaxcore.tiny import write_tiny_checkpoint
     from jaxcore.tokenization import load_tokenizer
 
-    tok_dir = write_tiny_checkpoint(tmp_path / "tok", "llama")
-    config = LlamaConfig(vocab_size=load_tokenizer(tok_dir).vocab_size + 8, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_labels=1)
-    torch.manual_seed(0)
-    model = LlamaForSequenceClassification(config).eval()
-    model.save_pretrained(tmp_path / "rm")
-    load_tokenizer(tok_dir).save_pretrained(tmp_path / "rm")
+    model = reward_model_dir(tmp_path)
     fns, _ = resolve_rewards([f"model:{tmp_path / 'rm'}"])
     (name, reward_model), = fns.items()
     assert name == "model:rm"
@@ -197,3 +220,169 @@ def test_reward_spec_errors_without_cli():
         resolve_rewards([":fn"])
     with pytest.raises(RewardFunctionError, match="rewards.weights has 2 entries for 1 functions"):
         resolve_rewards(["exact_match"], [1.0, 2.0])
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_reward_model_in_small_batches_equals_one_batch(tmp_path):
+    """batch_size=1 (three batches, no padding) and one padded batch give the same rewards."""
+    from jaxcore.rewards.user_functions import RewardModel
+
+    reward_model_dir(tmp_path)
+    examples = [Example("1+1=", None, {}), Example("a much longer prompt, so the batch is padded: ", None, {}),
+                Example([{"role": "user", "content": "hi"}], None, {})]
+    completions = [Completion("2"), Completion("x"), Completion("hello there")]
+    one_by_one = RewardModel(tmp_path / "rm", batch_size=1)(completions, examples)
+    together = RewardModel(tmp_path / "rm", batch_size=32)(completions, examples)
+    assert len(one_by_one) == 3 and len(set(one_by_one)) == 3
+    np.testing.assert_allclose(one_by_one, together, atol=1e-5)
+
+
+def reward_model_dir(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from jaxcore.tiny import write_tiny_checkpoint
+    from jaxcore.tokenization import load_tokenizer
+
+    tok_dir = write_tiny_checkpoint(tmp_path / "tok", "llama")
+    config = LlamaConfig(vocab_size=load_tokenizer(tok_dir).vocab_size + 8, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_labels=1)
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path / "rm")
+    load_tokenizer(tok_dir).save_pretrained(tmp_path / "rm")
+    return model
+
+
+JUDGE_PY = '''
+def judge(prompts, completions, topic, **kwargs):
+    return [1.0 if t == "math" else 0.0 for t in topic]
+'''
+
+
+@pytest.fixture()
+def local_package(tmp_path, monkeypatch):
+    """A package `byo_local_pkg` in a temp dir that is the current directory but not on sys.path."""
+    package = tmp_path / "byo_local_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scoring.py").write_text(JUDGE_PY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("byo_local_pkg")]:
+        del sys.modules[name]
+
+
+def test_module_spec_from_the_current_directory_in_workers(local_package):
+    """`pkg.module:fn` is found in the current directory (as the console script needs), in the workers too:
+    they import it by spec even when the parent's sys.path no longer has the directory."""
+    fns, weights = resolve_rewards(["byo_local_pkg.scoring:judge"], columns=["topic"])
+    assert str(local_package) in sys.path
+    sys.path.remove(str(local_package))
+    for name in [m for m in sys.modules if m.startswith("byo_local_pkg")]:
+        del sys.modules[name]
+    examples = examples_with([{"topic": "math"}, {"topic": "art"}] * 2)
+    with Scorer(fns, weights, num_workers=2) as scorer:
+        result = scorer.score([Completion("a", [1])] * 4, examples)
+    assert result.failures == {"judge": 0}
+    np.testing.assert_allclose(result.per_function["judge"], [1.0, 0.0, 1.0, 0.0])
+
+
+def test_cli_with_a_module_spec_and_worker_processes(local_package, user_files, tiny_dir, capsys):
+    out = local_package / "run"
+    code = main(run_args(tiny_dir("llama"), out, user_files / "data.jsonl",
+                         "rewards.functions=[byo_local_pkg.scoring:judge]", "rewards.num_workers=2"))
+    assert code == 0, capsys.readouterr().err
+    trained = [r for r in metrics(out) if "rewards/judge/mean" in r]
+    assert len(trained) == 2 and all(r["rewards/judge/mean"] == 1.0 and r["rewards/judge/failures"] == 0
+                                     for r in trained)
+
+
+def test_probe_crash_warns_and_training_time_errors_are_counted(user_files, tiny_dir, capsys, caplog):
+    """A function that crashes on the probe's empty completions is not refused (a warning line); a wrong
+    count or a non-number on real completions is a counted failure with a one-line warning naming it."""
+    out = user_files / "run-late"
+    fns = ",".join(f"{user_files}/my_rewards.py:{name}" for name in ("first_number", "late_wrong_count",
+                                                                       "late_not_number", "short"))
+    code = main(run_args(tiny_dir("llama"), out, user_files / "data.jsonl", f"rewards.functions=[{fns}]"))
+    assert code == 0, capsys.readouterr().err
+    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxcore.rewards" and r.levelname == "WARNING"]
+    assert all("\n" not in w for w in warnings)
+    probe = [w for w in warnings if "probe call" in w]
+    assert len(probe) == 1 and "'first_number' raised on a probe call" in probe[0] and "AttributeError" in probe[0]
+    assert any("reward 'late_wrong_count' failed" in w and "values for" in w for w in warnings)
+    assert any("reward 'late_not_number' failed" in w and "'high'" in w for w in warnings)
+    trained = [r for r in metrics(out) if "rewards/short/mean" in r]
+    assert len(trained) == 2
+    for row in trained:
+        assert row["rewards/late_wrong_count/failures"] > 0 and row["rewards/late_not_number/failures"] > 0
+        assert row["rewards/short/failures"] == 0
+
+
+def test_columns_missing_from_a_whole_chunk_are_passed_as_none(tmp_path, user_files):
+    """`hinted` takes a column only row 0 has: chunks without it (and the probe) still get hint=[None, ...]."""
+    from jaxcore.rewards.registry import get_task
+    from jaxcore.rewards.user_functions import task_with_rewards
+
+    rows = [{"prompt": f"q{i}", **({"hint": "h"} if i == 0 else {})} for i in range(12)]
+    data = tmp_path / "hints.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = task_with_rewards(get_task("file", path=data, require_answer=False, eval_fraction=0.25),
+                             [f"{user_files}/my_rewards.py:hinted"], None)
+    examples = [*task.train, *task.eval]
+    result = Scorer(task.reward_fns, task.reward_weights, chunk_size=1).score([Completion("x")] * 12, examples)
+    assert result.failures == {"hinted": 0}
+    assert sorted(result.per_function["hinted"].tolist()) == [0.0] * 11 + [1.0]
+
+
+def test_weights_without_functions_is_a_one_line_error(tiny_dir, tmp_path, capsys):
+    capsys.readouterr()
+    code = main(["es", f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path / 'out'}", "task.name=addition",
+                 "rewards.weights=[2.0]"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "rewards.weights is set but rewards.functions is empty" in err[0], err
+
+
+def test_functions_replace_the_tasks_own_rewards(user_files, tiny_dir, capsys):
+    """addition's own rewards are exact_match and (with a weight) digit_match: neither is scored any more."""
+    out = user_files / "run-addition"
+    code = main(run_args(tiny_dir("llama"), out, None, "task.name=addition", "task.options.digit_match_weight=0.5",
+                         f"rewards.functions=[{user_files}/my_rewards.py:short]"))
+    assert code == 0, capsys.readouterr().err
+    rows = metrics(out)
+    keys = {k for r in rows for k in r if k.startswith(("rewards/", "eval/rewards/"))}
+    assert {"rewards/short/mean", "eval/rewards/short/mean"} <= keys
+    assert not [k for k in keys if "exact_match" in k or "digit_match" in k], keys
+
+
+def test_python_api_with_a_datasets_dataset_a_path_a_loaded_model_and_specs(user_files, tiny_dir):
+    """ESTrainer: a `datasets.Dataset` to train on, a JSONL path to evaluate on, a loaded model with
+    tokenizer=DIR, and reward_funcs mixing a "file.py:fn" spec with a built-in name."""
+    import datasets
+
+    import jaxcore
+
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "target_len": 2 + a % 3} for a in range(10, 30)]
+    eval_path = user_files / "eval.jsonl"
+    eval_path.write_text("".join(json.dumps(r) + "\n" for r in rows[16:]))
+    args = jaxcore.ESConfig()
+    args.rollout.prompts_per_epoch, args.rollout.max_new_tokens, args.rollout.temperature = 4, 4, 1.0
+    args.es.population = 8
+    t = args.train
+    t.epochs, t.eval_prompts, t.eval_every, t.progress, t.tensorboard = 1, 4, 1, False, False
+    t.out_dir = str(user_files / "api")
+    model = jaxcore.load_hf(tiny_dir("llama"))
+    trainer = jaxcore.ESTrainer(model=model, tokenizer=str(tiny_dir("llama")),
+                                reward_funcs=[f"{user_files}/my_rewards.py:brevity", "exact_match"],
+                                train_dataset=datasets.Dataset.from_list(rows[:16]), eval_dataset=str(eval_path),
+                                args=args)
+    summary = trainer.train()
+    assert summary["eval_reward_before"] is not None and summary["eval_reward_after"] is not None
+    assert Path(summary["final_hf"], "config.json").is_file()
+    trained = [r for r in metrics(t.out_dir) if "rewards/brevity/mean" in r]
+    assert len(trained) == 1 and "rewards/exact_match/mean" in trained[0]
+    assert trained[0]["rewards/brevity/failures"] == 0 and trained[0]["rewards/exact_match/failures"] == 0

@@ -5,7 +5,7 @@
 A function that raises, returns the wrong number of values or a non-numeric / infinite
 value, or (with worker processes) runs past ``timeout_s``, gives ``fallback`` for the
 samples of the affected chunk only; those are counted in ``failures`` and logged as a
-warning on the ``jaxcore.rewards`` logger. ``per_function`` holds the raw values, NaN where
+one-line warning naming the function on the ``jaxcore.rewards`` logger. ``per_function`` holds the raw values, NaN where
 a function returned None or failed. With ``fallback=None`` failed samples are skipped like
 None. Timeouts are only enforced with ``num_workers > 0``.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from jaxcore.rewards.types import Example, RewardFn
-from jaxcore.rewards.workers import Outcome, WorkerPool
+from jaxcore.rewards.workers import Outcome, WorkerPool, one_line
 
 logger = logging.getLogger("jaxcore.rewards")
 
@@ -57,7 +57,7 @@ def _run_inline(fn: RewardFn, completions: list[str], examples: list[Example]) -
     try:
         return True, fn(completions, examples)
     except Exception as e:
-        return False, f"{type(e).__name__}: {e}"
+        return False, one_line(e)
 
 
 class Scorer:

@@ -9,31 +9,45 @@ completion, and None means "not applicable to this sample". For conversational p
 of {"role", "content"} messages) each completion is passed as [{"role": "assistant", "content": text}],
 as TRL does. TRL's trainer-only keywords (`trainer_state`, `log_extra`, `log_metric`) are not passed.
 
-A spec names the function: `"my_rewards.py:brevity"` (a file), `"mypkg.scoring:judge"` (a module),
-`"model:PATH"` (a local `AutoModelForSequenceClassification` directory, scored in batches with
-torch, logit 0 as the reward, as TRL does) or a built-in name (`jaxcore.rewards.REWARDS`). Every
-reward is a picklable `RewardFn` that imports its function by spec in whichever process calls
-it (the scoring workers too); nothing unpicklable crosses a process boundary.
+A spec names the function: `"my_rewards.py:brevity"` (a file; a relative path is relative to the
+current directory), `"mypkg.scoring:judge"` (a module; the current directory is searched after the
+installed packages, in the main process and in the scoring workers, so a local package works under
+the `jaxcore` console script too), `"model:PATH"` (a local `AutoModelForSequenceClassification`
+directory, scored in batches with torch, logit 0 as the reward, as TRL does) or a built-in name
+(`jaxcore.rewards.REWARDS`). Every reward is a picklable `RewardFn` that imports its function by spec
+in whichever process calls it (the scoring workers too); nothing unpicklable crosses a process
+boundary.
+
+Checked before training (`task_with_rewards`), each a one-line `RewardFunctionError` naming the
+function (exit code 2 from the CLI): an import error, a signature TRL could not call with the task's
+columns, a reward model directory without config.json or that does not load, and a wrong count or a
+non-number return on a probe call (each function once, on empty completions of two eval examples).
+A probe call that raises is only a warning: real functions may assume a real completion (TRL does
+not probe at all). During training a crash, a wrong count or a non-number return is, as for the
+built-in rewards, a failure of that chunk: the fallback value, a `rewards/<name>/failures` count and
+a one-line warning naming the function.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxcore.errors import RewardFunctionError  # noqa: F401  (re-exported: its old home)
 from jaxcore.rewards.types import Example, RewardFn, TaskError
+from jaxcore.rewards.workers import one_line
 
 TRL_KEYWORDS = ("prompts", "completions", "completion_ids")
-
-
-class RewardFunctionError(TaskError):
-    """A user reward function cannot be imported, called or trusted (one line, exit 2)."""
+logger = logging.getLogger("jaxcore.rewards")
 
 
 class Completion(str):
@@ -72,24 +86,37 @@ def _load_file_module(path: Path) -> Any:
     return module
 
 
-def import_function(spec: str) -> Callable[..., Any]:
-    """The callable a `file.py:name` or `package.module:name` spec points at (one-line errors)."""
+def search_directory(root: str | os.PathLike[str]) -> None:
+    """Make modules under `root` importable (after the installed packages, so a local folder named like
+    one of them, e.g. `datasets/`, cannot shadow it)."""
+    root = os.fspath(root)
+    if root not in sys.path:
+        sys.path.append(root)
+        importlib.invalidate_caches()
+
+
+def import_function(spec: str, root: str | os.PathLike[str] | None = None) -> Callable[..., Any]:
+    """The callable a `file.py:name` or `package.module:name` spec points at (one-line errors).
+
+    `root` (default: the current directory) is where a relative file path starts and where a module
+    is looked for when it is not installed."""
     location, _, attr = spec.rpartition(":")
     if not location or not attr:
         raise RewardFunctionError(f"reward function {spec!r}: expected 'file.py:function' or 'module:function'")
+    root = Path(os.getcwd() if root is None else root)
     try:
         if location.endswith(".py") or "/" in location:
-            path = Path(location).expanduser().absolute()
+            path = root / Path(location).expanduser()
             if not path.is_file():
                 raise RewardFunctionError(f"reward function {spec!r}: file {location} not found")
-            module = _load_file_module(path)
+            module = _load_file_module(path.absolute())
         else:
+            search_directory(root)
             module = importlib.import_module(location)
     except RewardFunctionError:
         raise
     except Exception as err:
-        raise RewardFunctionError(f"reward function {spec!r}: cannot import it ({type(err).__name__}: "
-                                  f"{str(err).splitlines()[0] if str(err) else ''})") from err
+        raise RewardFunctionError(f"reward function {spec!r}: cannot import it ({one_line(err)})") from err
     fn = getattr(module, attr, None)
     if fn is None:
         raise RewardFunctionError(f"reward function {spec!r}: {location} has no attribute {attr!r}")
@@ -114,27 +141,36 @@ def check_signature(name: str, fn: Callable[..., Any], columns: Sequence[str]) -
 
 
 class TRLReward:
-    """A TRL-signature function as a picklable `RewardFn` (imported by spec, or pickled by reference)."""
+    """A TRL-signature function as a picklable `RewardFn` (imported by spec, or pickled by reference).
 
-    def __init__(self, name: str, spec: str | None = None, fn: Callable[..., Any] | None = None):
+    `columns` are the task-wide column names: each is passed on every call, None for the rows that lack
+    it, even when no row of a chunk has it (as a `datasets.Dataset` would)."""
+
+    def __init__(self, name: str, spec: str | None = None, fn: Callable[..., Any] | None = None,
+                 columns: Sequence[str] = (), root: str | None = None):
         if (spec is None) == (fn is None):
             raise ValueError("give exactly one of spec or fn")
         self.name, self.spec, self._fn = name, spec, fn
+        self.columns = tuple(c for c in columns if c not in TRL_KEYWORDS)
+        self.root = root if root is not None else os.getcwd()       # where the spec was resolved
 
     @property
     def fn(self) -> Callable[..., Any]:
         if self._fn is None:
-            self._fn = import_function(self.spec)
+            self._fn = import_function(self.spec, self.root)
         return self._fn
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "spec": self.spec, "_fn": None if self.spec else self._fn}
+        state = dict(self.__dict__)
+        if self.spec:
+            state["_fn"] = None                                     # imported again by spec
+        return state
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float | None]:
         prompts = [e.prompt for e in examples]
         texts = [[{"role": "assistant", "content": str(c)}] if is_conversation(e.prompt) else str(c)
                  for c, e in zip(completions, examples)]
-        keys = list(dict.fromkeys(k for e in examples for k in e.columns))
+        keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in TRL_KEYWORDS)])
         columns = {key: [e.columns.get(key) for e in examples] for key in keys}
         ids = [list(getattr(c, "ids", ())) for c in completions]
         return self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns)
@@ -143,24 +179,26 @@ class TRLReward:
 class RewardModel:
     """`model:PATH`: a local sequence-classification model; reward = logit 0 of prompt + completion (TRL)."""
 
-    def __init__(self, path: str, batch_size: int = 32):
-        self.path, self.batch_size = path, batch_size
+    def __init__(self, path: str | os.PathLike[str], batch_size: int = 32):
+        self.path, self.batch_size = str(Path(path).expanduser().absolute()), batch_size
         self._loaded: tuple[Any, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "batch_size": self.batch_size, "_loaded": None}
 
     def load(self) -> tuple[Any, Any]:
+        """(model, tokenizer), loaded once per process; a missing or unloadable directory is a one-line error."""
         if self._loaded is None:
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
             if not (Path(self.path) / "config.json").is_file():
-                raise RewardFunctionError(f"reward model {self.path}: no config.json")
+                raise RewardFunctionError(f"reward model {self.path}: no config.json there (expected a local "
+                                          "AutoModelForSequenceClassification directory)")
             try:
+                from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
                 tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
                 model = AutoModelForSequenceClassification.from_pretrained(self.path, local_files_only=True).eval()
-            except (OSError, ValueError) as err:
-                raise RewardFunctionError(f"reward model {self.path}: {str(err).splitlines()[0]}") from err
+            except Exception as err:
+                raise RewardFunctionError(f"reward model {self.path}: cannot load it ({one_line(err)})") from err
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
             if model.config.pad_token_id is None:
@@ -218,14 +256,17 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
             name += "_"
         if callable(entry):
             check_signature(name, entry, columns)
-            fns[name] = TRLReward(name, fn=entry)
+            fns[name] = TRLReward(name, fn=entry, columns=columns)
         elif not isinstance(entry, str):
             raise RewardFunctionError(f"reward function {entry!r}: expected a name, a spec or a callable")
         elif entry.startswith("model:"):
-            fns[name] = RewardModel(entry[6:])
+            reward_model = RewardModel(entry[6:])
+            reward_model.load()                             # a wrong path fails now, not as fallback 0s
+            fns[name] = reward_model
         elif ":" in entry:
-            check_signature(entry, import_function(entry), columns)
-            fns[name] = TRLReward(name, spec=entry)
+            root = os.getcwd()
+            check_signature(entry, import_function(entry, root), columns)
+            fns[name] = TRLReward(name, spec=entry, columns=columns, root=root)
         elif entry in REWARDS:
             fns[name] = REWARDS[entry]
         else:
@@ -236,25 +277,49 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
 
 
 def probe_rewards(fns: dict[str, RewardFn], examples: Sequence[Example]) -> None:
-    """Call each user function once on empty completions: a crash, a wrong count or a non-number
-    return is a one-line `RewardFunctionError` before any training starts."""
+    """Call each user function and reward model once on empty completions: a wrong count or a non-number
+    return is a one-line `RewardFunctionError` before any training starts. A crash is only logged (one
+    line): a real function may assume a real completion (`re.search(...).group(1)`)."""
     from jaxcore.rewards.scoring import to_values
 
     completions = [Completion("") for _ in examples]
     for name, fn in fns.items():
-        if not isinstance(fn, TRLReward):
-            continue
+        if not isinstance(fn, (TRLReward, RewardModel)):
+            continue                                        # built-in rewards are trusted
         try:
             output = fn(completions, list(examples))
+        except RewardFunctionError:
+            raise
         except Exception as err:
-            raise RewardFunctionError(f"reward function {name!r} failed on a probe call with empty completions: "
-                                      f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+            logger.warning("reward function %r raised on a probe call with empty completions (%s); going on: "
+                           "during training a failure gets the fallback and is counted", name, one_line(err))
+            continue
         try:
             to_values(output, len(examples))
         except ValueError as err:
-            raise RewardFunctionError(f"reward function {name!r} {err}") from None
+            raise RewardFunctionError(f"reward function {name!r} {err} (probe call on {len(examples)} "
+                                      "empty completions)") from None
+
+
+def task_columns(task: Any, examples: Sequence[Example] = ()) -> list[str]:
+    """Every column of the task's data (train and eval of a file/dataset task), else of `examples`."""
+    pools = [getattr(task, split, None) for split in ("train", "eval")]
+    rows = [e for pool in pools if isinstance(pool, (tuple, list)) for e in pool] or list(examples)
+    return list(dict.fromkeys(key for example in rows for key in example.columns))
+
+
+def task_with_rewards(task: Any, functions: Sequence[str | Callable[..., Any]],
+                      weights: Sequence[float] | None) -> Any:
+    """`task` scored by `functions` instead of its own rewards, after the checks of the module doc."""
+    try:
+        probe = task.examples("eval", 2, 0)
+    except TaskError:
+        probe = task.examples("eval", 1, 0)
+    fns, fn_weights = resolve_rewards(functions, weights, task_columns(task, probe))
+    probe_rewards(fns, probe)
+    return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
 
 
 RewardSpecs = Sequence[str | Callable[..., Any]]
 __all__ = ["Completion", "RewardFunctionError", "RewardModel", "TRLReward", "is_conversation", "probe_rewards",
-           "resolve_rewards"]
+           "resolve_rewards", "task_columns", "task_with_rewards"]

@@ -27,6 +27,12 @@ Outcome = tuple[bool, Any]
 """``(True, values)`` or ``(False, reason)``."""
 
 
+def one_line(err: BaseException) -> str:
+    """`Type: first line of the message`, for one-line failure warnings."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
 def pickle_reward_fns(reward_fns: Mapping[str, RewardFn]) -> bytes:
     """Pickle the reward functions, naming the first one that cannot be pickled."""
     for name, fn in reward_fns.items():
@@ -46,7 +52,7 @@ def _worker_main(conn: Connection) -> None:
     try:
         fns = pickle.loads(conn.recv_bytes())
     except BaseException as e:
-        conn.send(("startup_error", f"{type(e).__name__}: {e}"))
+        conn.send(("startup_error", one_line(e)))
         return
     conn.send(("ready", None))
     while True:
@@ -60,11 +66,11 @@ def _worker_main(conn: Connection) -> None:
         try:
             result: Outcome = (True, fns[name](completions, examples))
         except BaseException as e:
-            result = (False, f"{type(e).__name__}: {e}")
+            result = (False, one_line(e))
         try:
             conn.send(("done", result))
         except Exception as e:
-            conn.send(("done", (False, f"result could not be sent back ({type(e).__name__}: {e})")))
+            conn.send(("done", (False, f"result could not be sent back ({one_line(e)})")))
 
 
 class _Worker:
@@ -141,7 +147,7 @@ class WorkerPool:
                     try:
                         worker.conn.send(jobs[index])
                     except Exception as e:
-                        outcomes[index] = (False, f"could not send job ({type(e).__name__}: {e})")
+                        outcomes[index] = (False, f"could not send job ({one_line(e)})")
                         self._replace(worker)
                         continue
                     worker.job, worker.deadline = index, time.monotonic() + timeout_s
