@@ -3,6 +3,11 @@
 Each step directory holds `state` (params, optimizer state, RNG: any pytree of arrays) and `meta`
 (JSON: epoch, data position, config, package versions). Saves are asynchronous and atomic (orbax
 writes to a temporary directory and renames it when complete); `max_to_keep` old steps are kept.
+
+A save that fails (a full disk, synchronously or in orbax's background write) raises one
+`CheckpointWriteError` naming the step and the last good one; orbax deletes old steps only after a
+save commits, so the last good checkpoint stays. orbax's own multi-line error logs of such a failure
+are demoted to DEBUG: the error itself is what gets reported.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +41,48 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+class _OrbaxErrorsToDebug(logging.Filter):
+    """Drop orbax's ERROR records (multi-line tracebacks from its save threads) and re-log their first line at
+    DEBUG: the same failure reaches `TrainCheckpointer` as an exception and is reported there in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
+            log.debug("orbax: %s", record.getMessage().splitlines()[0] if record.getMessage() else "")
+            return False
+        return True
+
+
+_ORBAX_FILTER = _OrbaxErrorsToDebug()
+
+
+def _late_tensorstore_callback(unraisable: Any) -> bool:
+    """True for the error tensorstore reports when a read finishes after orbax's event loop closed (a restore
+    that failed on one array leaves the reads of the others in flight): harmless, and printed as a traceback
+    on stderr by the default hook."""
+    if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+        return False
+    tb = unraisable.exc_traceback
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(os.path.join("asyncio", "base_events.py"))
+
+
+def _install_unraisable_filter() -> None:
+    """Wrap `sys.unraisablehook` to drop `_late_tensorstore_callback` errors (logged at DEBUG); others pass on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_jaxcore_filter", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if _late_tensorstore_callback(unraisable):
+            log.debug("ignored a tensorstore callback that finished after its event loop closed")
+            return
+        previous(unraisable)
+
+    hook._jaxcore_filter = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 class TrainCheckpointer:
     """Save and restore (state pytree, meta dict) per step under `directory`."""
 
@@ -43,24 +91,41 @@ class TrainCheckpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
                                                create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._pending: int | None = None         # the step whose asynchronous write may still be running
+        for name in ("absl", "orbax"):
+            if _ORBAX_FILTER not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_ORBAX_FILTER)
+        _install_unraisable_filter()
 
     def save(self, step: int, state: Any, meta: dict[str, Any], *, wait: bool = False) -> None:
-        """Start writing step `step` (asynchronous unless `wait`)."""
+        """Start writing step `step` (asynchronous unless `wait`).
+
+        Any failure, of this save or of the previous asynchronous one (which is waited for first), raises
+        `CheckpointWriteError` naming the failed step and the last good checkpoint, which is left intact.
+        """
+        self.wait()
         meta = {**meta, "versions": package_versions()}
+        self._pending = step
         try:
             self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                              meta=ocp.args.JsonSave(meta)), force=True)
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 -- a full disk, a permission error, an orbax error: one line
+            self._pending = None
             raise self._write_error(step, err) from err
         if wait:
             self.wait()
 
     def _write_error(self, step: int | None, err: BaseException) -> CheckpointWriteError:
-        last = self.latest_step()
+        try:
+            self._manager.reload()               # forget the failed step: only committed ones count
+            last = self.latest_step()
+            last_text = "none" if last is None else f"step {last}"
+        except Exception:  # noqa: BLE001 -- the write error is the one to report
+            last_text = "unknown"
         where = f"step {step}" if step is not None else "a pending save"
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err) or type(err).__name__
         return CheckpointWriteError(f"writing checkpoint {where} to {self.directory} failed ({reason}); "
-                                    f"last good checkpoint: {'none' if last is None else f'step {last}'}")
+                                    f"last good checkpoint: {last_text}")
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -75,6 +140,7 @@ class TrainCheckpointer:
             raise FileNotFoundError(f"{self.directory}: no checkpoint to resume from")
         restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                        meta=ocp.args.JsonRestore()))
+        check_same_tree(target, restored["state"])
         return restored["state"], dict(restored["meta"])
 
     def read_meta(self, step: int) -> dict[str, Any]:
@@ -87,52 +153,97 @@ class TrainCheckpointer:
 
     def restore_newest(self, target: Any, check_meta: Callable[[dict[str, Any]], None] = lambda meta: None
                        ) -> tuple[Any, dict[str, Any]]:
-        """Restore the newest step that restores; each one that fails is logged in one line and moved aside.
+        """Restore the newest step that restores; each one that fails is moved aside (never deleted).
 
-        `check_meta(meta)` may raise to refuse a readable checkpoint (e.g. config drift): that error
-        propagates and nothing is moved. Raises `NoRestorableCheckpointError` when no step restores.
+        When an older step restores, each step set aside is logged in one line. When none restores, one
+        `NoRestorableCheckpointError` line names every step and its reason. `check_meta(meta)` may raise
+        to refuse a readable checkpoint (e.g. config drift): that error propagates and nothing is moved.
         """
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             raise NoRestorableCheckpointError(f"{self.directory}: no checkpoint to resume from")
+        set_aside: list[tuple[int, str, Path]] = []
         for step in steps:
             try:
                 meta = self.read_meta(step)
             except Exception as err:  # noqa: BLE001 -- any failure to read means this step is unusable
-                self._set_aside(step, f"unreadable metadata: {type(err).__name__}: {first_line(err)}")
+                reason = f"unreadable metadata: {type(err).__name__}: {first_line(err)}"
+                set_aside.append(self._set_aside(step, reason))
                 continue
             check_meta(meta)
             try:
-                return self.restore(target, step)[0], meta
+                state = self.restore(target, step)[0]
             except Exception as err:  # noqa: BLE001
-                self._set_aside(step, f"arrays do not restore: {type(err).__name__}: {first_line(err)}")
-        raise NoRestorableCheckpointError(f"{self.directory}: none of the checkpoints {steps} restores "
-                                          f"(moved aside to {self.corrupt_dir})")
+                reason = f"arrays do not restore: {type(err).__name__}: {first_line(err)}"
+                set_aside.append(self._set_aside(step, reason))
+                continue
+            for bad, reason, dest in set_aside:
+                log.warning("checkpoint step %d does not restore (%s); moved to %s; resuming from step %d",
+                            bad, reason[:200], dest, step)
+            return state, meta
+        reasons = "; ".join(f"step {bad}: {reason[:120]}" for bad, reason, _ in set_aside)
+        raise NoRestorableCheckpointError(f"{self.directory}: none of the checkpoints {steps} restores ({reasons}); "
+                                          f"moved aside to {self.corrupt_dir}")
 
     @property
     def corrupt_dir(self) -> Path:
         """Where unrestorable steps are moved (outside the manager's directory, so it never sees them)."""
         return self.directory.parent / f"{self.directory.name}-corrupt"
 
-    def _set_aside(self, step: int, reason: str) -> None:
+    def _set_aside(self, step: int, reason: str) -> tuple[int, str, Path]:
+        """Move `step` to `corrupt_dir` (renamed, never deleted); returns (step, reason, where it went)."""
         self.corrupt_dir.mkdir(parents=True, exist_ok=True)
         dest = self.corrupt_dir / f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        suffix = 1
+        while dest.exists():
+            dest = self.corrupt_dir / f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{suffix}"
+            suffix += 1
         os.replace(self.directory / str(step), dest)
         self._manager.reload()
-        log.warning("checkpoint step %d does not restore (%s); moved to %s, trying an older one",
-                    step, reason[:200], dest)
+        log.debug("set aside checkpoint step %d (%s) to %s", step, reason, dest)
+        return step, reason, dest
 
     def wait(self) -> None:
+        """Wait for the pending asynchronous save; its failure (raised by orbax's finalize) is one line."""
+        step, self._pending = self._pending, None
         try:
             self._manager.wait_until_finished()
         except Exception as err:  # noqa: BLE001 -- async save errors surface here
-            raise self._write_error(None, err) from err
+            raise self._write_error(step, err) from err
 
     def close(self) -> None:
+        """Wait for the pending save and release orbax's threads; a failed save is raised after closing."""
+        error: CheckpointWriteError | None = None
         try:
             self.wait()
-        finally:
+        except CheckpointWriteError as err:
+            error = err
+        try:
             self._manager.close()
+        except Exception as err:  # noqa: BLE001
+            if error is None:
+                error = self._write_error(None, err)
+        if error is not None:
+            raise error
+
+
+def check_same_tree(target: Any, restored: Any) -> None:
+    """Raise ValueError naming the first array whose shape differs from the target's, or a tree that differs
+    (orbax refuses such mismatches itself; this keeps a wrong tree from ever being restored quietly).
+    Dtypes are not compared: orbax casts to the target's dtype."""
+    import jax
+    import numpy as np
+
+    want = dict(jax.tree_util.tree_flatten_with_path(target)[0])
+    got = dict(jax.tree_util.tree_flatten_with_path(restored)[0])
+    if want.keys() != got.keys():
+        missing = sorted(map(jax.tree_util.keystr, want.keys() - got.keys()))
+        extra = sorted(map(jax.tree_util.keystr, got.keys() - want.keys()))
+        raise ValueError(f"checkpoint tree differs: missing {missing[:3]}, unexpected {extra[:3]}")
+    for path, leaf in want.items():
+        if np.shape(leaf) != np.shape(got[path]):
+            raise ValueError(f"{jax.tree_util.keystr(path)}: stored shape {list(np.shape(got[path]))}, "
+                             f"expected {list(np.shape(leaf))}")
 
 
 def first_line(err: BaseException) -> str:

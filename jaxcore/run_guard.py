@@ -2,7 +2,14 @@
 
 Drift: a checkpoint's saved config is compared with the current one. Keys in `HARMLESS_KEYS` (or under a
 harmless prefix) may change and are logged; any other change could alter the math, the noise stream or
-the data stream, so it is refused with one line naming the key unless the user allows changes.
+the data stream, so it is refused with one line naming the key unless the user allows changes. A
+different algorithm or different state shapes (another model, another optimizer) cannot be restored at
+all, so they are refused even when changes are allowed (rather than every good checkpoint failing to
+restore and being set aside as corrupt).
+
+Lock: `out_dir/.lock` is published complete (written to a private file, then hard-linked into place,
+which fails if a lock exists), so another run never reads a half-written lock; a lock it cannot read is
+never taken for stale.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +58,42 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list
     return incompatible, harmless
 
 
-def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algorithm: str,
-                            shapes: dict[str, list[int]], allow_changes: bool) -> None:
-    """Raise `ResumeError` naming the first incompatible difference (unless `allow_changes`); log the rest."""
-    problems: list[str] = []
+def structure_changes(meta: dict[str, Any], algorithm: str, shapes: dict[str, list[int]]) -> list[str]:
+    """What makes a checkpoint impossible to restore into this run: another algorithm, other state shapes."""
+    problems = []
     saved_algorithm = meta.get("algorithm")
     if saved_algorithm is not None and saved_algorithm != algorithm:
         problems.append(f"algorithm: {saved_algorithm!r} -> {algorithm!r}")
     saved_shapes = meta.get("shapes")
     if saved_shapes is not None and saved_shapes != shapes:
-        key = next((k for k in sorted(set(saved_shapes) | set(shapes)) if saved_shapes.get(k) != shapes.get(k)), "?")
-        problems.append(f"model parameter {key}: shape {saved_shapes.get(key)} -> {shapes.get(key)}")
-    incompatible, harmless = config_changes(meta.get("config", {}), config)
-    problems += incompatible
+        for key in sorted(set(saved_shapes) | set(shapes)):
+            old, new = saved_shapes.get(key), shapes.get(key)
+            if old == new:
+                continue
+            what = "model parameter" if key.startswith("['params']") else "state entry"
+            if old is None:
+                problems.append(f"{what} {key}: not in the checkpoint (shape {new} now)")
+            elif new is None:
+                problems.append(f"{what} {key}: in the checkpoint (shape {old}), not in this run")
+            else:
+                problems.append(f"{what} {key}: shape {old} -> {new}")
+            break
+    return problems
+
+
+def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algorithm: str,
+                            shapes: dict[str, list[int]], allow_changes: bool) -> None:
+    """Raise `ResumeError` naming the first incompatible difference; log the rest.
+
+    A different algorithm or state shape is always refused (it cannot be restored); other incompatible
+    config changes are refused unless `allow_changes`.
+    """
+    structural = structure_changes(meta, algorithm, shapes)
+    if structural:
+        raise ResumeError(f"checkpoint was written with a different {structural[0]}; it cannot be restored into "
+                          "this run (even with --resume-allow-changes): use the same model and algorithm, or "
+                          "another train.out_dir")
+    problems, harmless = config_changes(meta.get("config", {}), config)
     for change in harmless:
         log.info("resume: config changed (harmless) %s", change)
     if problems and not allow_changes:
@@ -84,7 +115,13 @@ def pid_alive(pid: int) -> bool:
 
 
 class OutDirLock:
-    """`out_dir/.lock` holding {"pid", "host"}; a stale lock (dead pid, same host) is taken over."""
+    """`out_dir/.lock` holding {"pid", "host"}; a stale lock (dead pid, same host) is taken over.
+
+    The lock appears complete or not at all (a private file hard-linked into place; `os.link` fails when
+    the name exists, like O_EXCL). A lock that cannot be read is refused, never treated as stale. Taking
+    over a stale lock happens under an flock on the out_dir, after re-reading the lock, so two runs
+    taking it over at once cannot remove each other's fresh lock.
+    """
 
     def __init__(self, out_dir: str | os.PathLike, name: str = ".lock"):
         self.path = Path(out_dir) / name
@@ -93,31 +130,69 @@ class OutDirLock:
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._check_stale(me)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return
+        for _ in range(5):
+            if self._publish(me):
+                self.held = True
+                return
+            self._take_over_if_stale(me)
         raise OutDirLockedError(f"{self.path}: could not take the lock")
 
-    def _check_stale(self, me: dict[str, Any]) -> None:
-        """Remove the lock when its owner is dead on this host; otherwise refuse."""
+    def _publish(self, me: dict[str, Any]) -> bool:
+        """Put a complete lock file in place unless one exists; True when it is ours."""
+        private = self.path.with_name(f"{self.path.name}.{me['pid']}.{uuid.uuid4().hex}.tmp")
         try:
-            owner = json.loads(self.path.read_text())
-            pid, host = int(owner["pid"]), str(owner["host"])
-        except (OSError, ValueError, KeyError, TypeError):
-            owner, pid, host = None, -1, me["host"]
-        if host == me["host"] and (pid == -1 or not pid_alive(pid)):
-            log.warning("taking over stale lock %s (owner %s is not running)", self.path, owner)
+            with open(private, "x") as f:
+                json.dump(me, f)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(private, self.path)          # atomic, and fails if the lock exists
+            except FileExistsError:
+                return False
+            except OSError as err:                   # a filesystem without hard links: exclusive create
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                return self._publish_exclusive(me)
+            return True
+        finally:
+            private.unlink(missing_ok=True)
+
+    def _publish_exclusive(self, me: dict[str, Any]) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return True
+
+    def _read_owner(self) -> tuple[str, int, str] | None:
+        """(raw text, pid, host) of the current lock; None when there is none. Refuses an unreadable lock."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            owner = json.loads(text)
+            return text, int(owner["pid"]), str(owner["host"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise OutDirLockedError(f"{self.path.parent} is locked by {self.path}, which does not name its owner "
+                                    f"({text[:40]!r}); remove it if no run is using this out_dir") from err
+
+    def _take_over_if_stale(self, me: dict[str, Any]) -> None:
+        """Remove the lock when its owner is dead on this host; otherwise refuse."""
+        current = self._read_owner()
+        if current is None:
+            return                                   # released meanwhile: try again
+        _, pid, host = current
+        if host != me["host"] or pid_alive(pid):
+            raise OutDirLockedError(f"{self.path.parent} is in use by another run (pid {pid} on {host}); "
+                                    f"wait for it or remove {self.path} if it is gone")
+        with _dir_flock(self.path.parent):
+            if self._read_owner() != current:
+                return                               # someone else took it over first: look again
+            log.warning("taking over stale lock %s (owner pid %d on %s is not running)", self.path, pid, host)
             self.path.unlink(missing_ok=True)
-            return
-        raise OutDirLockedError(f"{self.path.parent} is in use by another run (pid {pid} on {host}); "
-                                f"wait for it or remove {self.path} if it is gone")
 
     def release(self) -> None:
         if self.held:
@@ -134,3 +209,30 @@ class OutDirLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class _dir_flock:
+    """An exclusive flock on a directory for the duration of a `with` (a no-op where flock is unavailable).
+
+    The kernel drops it when its holder dies, so it can never go stale."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        try:
+            import fcntl
+
+            self.fd = os.open(self.directory, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError) as err:
+            log.debug("no flock on %s (%s): taking over without it", self.directory, err)
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)                        # closing the descriptor releases the flock
+            self.fd = None

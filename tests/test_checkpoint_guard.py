@@ -2,6 +2,7 @@
 out_dir, a full disk keeps the last good checkpoint. Driven through `jaxcore es` on a tiny model."""
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -9,6 +10,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +36,30 @@ def out(two_checkpoints, tmp_path) -> Path:
     return Path(shutil.copytree(two_checkpoints, tmp_path / "out"))
 
 
-def resume(capsys, tiny_dir, out: Path, *extra: str):
-    return run_cli(capsys, "es", "--resume", *es_args(tiny_dir("llama"), out, "train.epochs=3", *FAST, *extra))
+@pytest.fixture(scope="module")
+def narrow_model(tiny_dir) -> Path:
+    """A tiny model of another width (32 instead of 64): same parameter names, other shapes."""
+    return tiny_dir("llama", hidden=32)
+
+
+@pytest.fixture(scope="module")
+def narrow_checkpoint(narrow_model, tmp_path_factory) -> Path:
+    """The out_dir of a 1-epoch run of the narrow model (checkpoint of epoch 0)."""
+    from jaxcore.cli import main
+
+    out = tmp_path_factory.mktemp("narrow") / "out"
+    assert main(["es", *es_args(narrow_model, out, "train.epochs=1", *FAST)]) == 0
+    return out
+
+
+def resume(capsys, tiny_dir, out: Path, *extra: str, model: Path | None = None):
+    model = model or tiny_dir("llama")
+    return run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=3", *FAST, *extra))
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def ckpt(out: Path) -> Path:
@@ -79,6 +104,54 @@ def test_no_restorable_checkpoint_is_one_line_and_exit_2(tiny_dir, out, capsys):
     assert len(list((out / "checkpoints-corrupt").iterdir())) == 2
 
 
+def test_a_latest_checkpoint_holding_another_models_state_falls_back(tiny_dir, out, narrow_checkpoint, capsys, caplog):
+    """Wrong tree: step 1's metadata is this run's, its arrays another model's (same names, other shapes)."""
+    foreign = ckpt(narrow_checkpoint) / "0" / "state"
+    shutil.rmtree(ckpt(out) / "1" / "state")
+    shutil.copytree(foreign, ckpt(out) / "1" / "state")
+    code, err = resume(capsys, tiny_dir, out)
+    assert code == 0, err
+    warnings = [r.getMessage() for r in caplog.records if "does not restore" in r.getMessage()]
+    assert len(warnings) == 1 and "step 1" in warnings[0] and "\n" not in warnings[0], warnings
+    assert "shape" in warnings[0]
+    aside = list((out / "checkpoints-corrupt").iterdir())
+    assert len(aside) == 1 and aside[0].name.startswith("1.corrupt-")
+    assert digest(aside[0] / "state") == digest(foreign)                   # kept as it was
+    assert started_from(out)[-2:] == [2, 3]                  # resumed after epoch 0: epochs 1 and 2 ran
+
+
+def test_resuming_with_a_model_of_another_width_is_refused_naming_the_parameter(tiny_dir, out, narrow_model,
+                                                                              capsys):
+    before = digest(ckpt(out))
+    code, err = resume(capsys, tiny_dir, out, model=narrow_model)
+    assert code == 2 and len(err) == 1, err
+    assert "model parameter ['params']['" in err[0] and "shape [" in err[0] and "-> [" in err[0], err
+    assert digest(ckpt(out)) == before and not (out / "checkpoints-corrupt").exists()
+
+
+def test_allow_changes_still_refuses_other_shapes_and_moves_nothing(tiny_dir, out, narrow_model, capsys):
+    """--resume-allow-changes cannot make another model's checkpoint restore: refused, nothing set aside."""
+    before = digest(ckpt(out))
+    code, err = run_cli(capsys, "es", "--resume", "--resume-allow-changes",
+                        *es_args(narrow_model, out, "train.epochs=3", *FAST))
+    assert code == 2 and len(err) == 1, err
+    assert "model parameter ['params']['" in err[0] and "even with --resume-allow-changes" in err[0], err
+    assert digest(ckpt(out)) == before and not (out / "checkpoints-corrupt").exists()
+
+
+def test_an_es_out_dir_resumed_by_grpo_is_refused_naming_the_algorithm(tiny_dir, out, capsys):
+    from test_grpo_trainer import grpo_args
+
+    before = digest(ckpt(out))
+    code, err = run_cli(capsys, "grpo", "--resume", *grpo_args(tiny_dir("llama"), out, "train.epochs=3", *FAST))
+    assert code == 2 and len(err) == 1, err
+    assert "algorithm: 'es' -> 'grpo'" in err[0], err
+    code, err = run_cli(capsys, "grpo", "--resume", "--resume-allow-changes",
+                        *grpo_args(tiny_dir("llama"), out, "train.epochs=3", *FAST))
+    assert code == 2 and len(err) == 1 and "algorithm: 'es' -> 'grpo'" in err[0], err
+    assert digest(ckpt(out)) == before and not (out / "checkpoints-corrupt").exists()
+
+
 @pytest.mark.parametrize("override,field", [("es.population=8", "es.population"), ("es.sigma=0.5", "es.sigma"),
                                             ("train.seed=7", "train.seed")])
 def test_incompatible_config_is_refused_naming_the_field(tiny_dir, out, capsys, override, field):
@@ -107,6 +180,73 @@ def test_a_second_run_on_a_locked_out_dir_is_refused(tiny_dir, out, capsys):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_an_empty_lock_is_not_taken_for_stale(tiny_dir, out, capsys):
+    """What another run sees if it reads a lock between creation and content (the old non-atomic write)."""
+    (out / ".lock").write_text("")
+    before = digest(ckpt(out))
+    code, err = resume(capsys, tiny_dir, out)
+    assert code == 2 and len(err) == 1 and "does not name its owner" in err[0] and ".lock" in err[0], err
+    assert (out / ".lock").exists() and (out / ".lock").read_text() == ""       # left alone
+    assert digest(ckpt(out)) == before
+
+
+def test_the_lock_appears_complete_or_not_at_all(tmp_path, monkeypatch):
+    """The lock name is published (hard link) only after the private file holds the whole pid/host record."""
+    from jaxcore.run_guard import OutDirLock
+
+    real_link, seen = os.link, []
+
+    def link(src, dst, *args, **kwargs):
+        seen.append((Path(dst).exists(), json.loads(Path(src).read_text())))
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", link)
+    with OutDirLock(tmp_path) as lock:
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        assert seen == [(False, me)]
+        assert json.loads(lock.path.read_text()) == me
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]       # no private file left behind
+    assert not (tmp_path / ".lock").exists()
+
+
+RACER = textwrap.dedent("""
+    import sys, time
+    from jaxcore.run_guard import OutDirLock, OutDirLockedError
+    out, start = sys.argv[1], float(sys.argv[2])
+    time.sleep(max(0.0, start - time.time()))
+    lock = OutDirLock(out)
+    try:
+        lock.acquire()
+    except OutDirLockedError as err:
+        print("refused", err)
+        sys.exit(0)
+    print("held")
+    sys.stdout.flush()
+    time.sleep(3)
+    lock.release()
+""")
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale-lock"])
+def test_racing_runs_get_exactly_one_lock(tmp_path, stale):
+    """Six processes start on one out_dir at the same instant (optionally over a dead run's lock): one holds it."""
+    if stale:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    start = time.time() + 2.0
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), str(start)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    outputs = [r.communicate(timeout=60) for r in racers]
+    assert all(r.returncode == 0 for r in racers), outputs
+    verdicts = [out.split()[0] for out, _ in outputs]
+    assert verdicts.count("held") == 1, outputs
+    assert all("in use by another run" in out for out, _ in outputs if out.startswith("refused")), outputs
+    assert not (tmp_path / ".lock").exists()
 
 
 def test_a_stale_lock_is_taken_over_and_released(tiny_dir, out, capsys, caplog):
@@ -140,3 +280,42 @@ def test_full_disk_during_save_is_one_line_and_keeps_the_last_checkpoint(tiny_di
     monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
     code, err = resume(capsys, tiny_dir, out)              # the kept checkpoint restores
     assert code == 0, err
+
+
+def test_full_disk_in_the_asynchronous_write_keeps_the_last_checkpoint(tiny_dir, tmp_path, capsys, caplog,
+                                                                       monkeypatch):
+    """The array write itself (orbax's background thread) fails with ENOSPC from step 1 on: one line naming step
+    1, no orbax error logs, step 0 intact even with max_to_keep=1 (old steps go only after a save commits)."""
+    from orbax.checkpoint._src.serialization import serialization
+
+    from jaxcore.checkpoint import TrainCheckpointer
+
+    real_write, real_save, failing = serialization.async_serialize_from_host, TrainCheckpointer.save, []
+
+    async def write(*args, **kwargs):
+        if failing:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return await real_write(*args, **kwargs)
+
+    def save(self, step, *args, **kwargs):
+        if step >= 1:
+            failing.append(step)
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(serialization, "async_serialize_from_host", write)
+    monkeypatch.setattr(TrainCheckpointer, "save", save)
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, "train.epochs=3", "train.max_to_keep=1", *FAST))
+    assert failing, "the failing write was never reached"
+    assert code == 2 and len(err) == 1, err
+    assert "writing checkpoint step 1" in err[0] and "No space left on device" in err[0], err
+    assert "last good checkpoint: step 0" in err[0], err
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert sorted(p.name for p in ckpt(out).iterdir() if p.name.isdigit()) == ["0"]
+    assert not (out / ".lock").exists()
+    monkeypatch.setattr(serialization, "async_serialize_from_host", real_write)
+    monkeypatch.setattr(TrainCheckpointer, "save", real_save)
+    code, err = resume(capsys, tiny_dir, out, "train.max_to_keep=1")     # the kept checkpoint restores
+    assert code == 0, err
+    assert started_from(out)[-2:] == [2, 3]
+    assert sorted(p.name for p in ckpt(out).iterdir() if p.name.isdigit()) == ["2"]

@@ -4,9 +4,11 @@
 (b) one SGD step with configs/countdown.yaml's settings moves each weight by Qiu et al.'s
     alpha / sqrt(N) (z-scored fitness);
 (c) an SGD ES run on a warm-started tiny model raises its held-out reward;
-and the README's EGGROLL snippet runs as written, with earlier arrays still valid after a step.
+the EGGROLL reference's update, written out by hand, equals our SGD step at the README's translated
+learning rate; and the README's EGGROLL snippet runs as written, with earlier arrays still valid after a step.
 """
 
+import math
 import re
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import jaxcore
@@ -31,14 +34,15 @@ def cross_entropy_B(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0].mean(-1)
 
 
-def test_es_direction_matches_jax_grad_times_sigma(tiny_dir):
+@pytest.mark.parametrize("rank", [1, 4])
+def test_es_direction_matches_jax_grad_times_sigma(tiny_dir, rank):
     """<g, grad F> / (sigma |grad F|^2) is 1 in expectation; measured at N=512 over 4 noise draws."""
     model = jaxcore.load_hf(tiny_dir("llama"))
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(3, model.config.vocab_size, (4, 13)), jnp.int32)
     inputs_BT, targets_BT = tokens[:, :-1], tokens[:, 1:]
-    sigma, n = 0.01, 512
-    plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=n, rank=1, sigma=sigma, seed=5))
+    sigma, n = 0.002, 512         # small enough that curvature is negligible (at 0.01 it lowers rank 4 by ~0.05)
+    plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=n, rank=rank, sigma=sigma, seed=5))
 
     def objective(m: nnx.Module) -> jax.Array:                  # F = minus the cross-entropy
         return -cross_entropy_B(m(inputs_BT), targets_BT).mean()
@@ -60,7 +64,8 @@ def test_es_direction_matches_jax_grad_times_sigma(tiny_dir):
         fitness_N = population_fitness_N(jnp.int32(epoch))
         g = eggroll.estimate_gradient(plan, jnp.int32(epoch), fitness_N)     # raw fitness: no shaping
         ratios.append(sum(float(jnp.vdot(g[k], grad[k])) for k in grad) / (sigma * grad_sq))
-    print("update ratio <g, grad F> / (sigma |grad F|^2):", np.round(ratios, 3), "mean", np.mean(ratios))
+    print(f"rank {rank}: update ratio <g, grad F> / (sigma |grad F|^2):", np.round(ratios, 3),
+          "mean", round(float(np.mean(ratios)), 3))
     assert 0.8 <= np.mean(ratios) <= 1.2, ratios
     assert all(0.5 <= r <= 1.5 for r in ratios), ratios
 
@@ -86,6 +91,68 @@ def test_countdown_sgd_step_has_qius_per_weight_rms(tiny_dir):
     rms, expected = float(np.sqrt(np.mean(delta**2))), alpha / np.sqrt(es.population)
     print(f"per-weight step RMS {rms:.3g} (Qiu et al.: alpha/sqrt(N) = {expected:.3g})")
     assert expected / 2 <= rms <= expected * 2, (rms, expected)
+
+
+def reference_sgd_step(plan: eggroll.NoisePlan, params: dict[str, np.ndarray], epoch: int, raw_fitness_N: np.ndarray,
+                       lr_ref: float) -> dict[str, np.ndarray]:
+    """One step of the EGGROLL reference (ESHyperscale/HyperscaleES, src/hyperscalees/noiser/eggroll.py), by hand
+    in float64 numpy, in our [in, out] layout (the reference's matrices are [out, in]: `x @ param.T`).
+
+    - `EggRoll.convert_fitnesses` (group_size 0): z = (f - mean) / sqrt(var + 1e-5);
+    - `get_lora_update_params(..., base_sigma, (epoch, thread_id), param, key)`: lora = normal(fold_in(fold_in(key,
+      epoch // noise_reuse), thread_id // 2), (in + out, r)); B = lora[:in], A = lora[in:] * (+-base_sigma);
+    - `_simple_lora_update` calls it with base_sigma = sigma / sqrt(r) and returns
+      einsum('nir,njr->ij', z_n * A_n, B_n) / N   (= sigma * our g, transposed);
+      `_simple_full_update` (norms, biases): mean_n z_n * (+-sigma) * normal(same key, param.shape);
+    - `EggRoll._do_update` returns -(that * sqrt(N)), and `_do_updates_original` hands it to `optax.sgd(lr)`:
+      theta <- theta - lr_ref * (-(sigma * sqrt(N) * g)).
+    """
+    cfg = plan.config
+    n = cfg.population
+    f = raw_fitness_N.astype(np.float64)
+    z_N = (f - f.mean()) / np.sqrt(f.var() + 1e-5)
+    new = {}
+    for target in plan.targets:
+        key = plan.keys[target.path]
+        grad = np.zeros(target.shape[::-1] if target.low_rank else target.shape)
+        for thread in range(n):
+            thread_key = jax.random.fold_in(jax.random.fold_in(key, epoch // cfg.noise_reuse), thread // 2)
+            sign = 1.0 if thread % 2 == 0 else -1.0
+            if target.low_rank:
+                n_in = target.shape[0]
+                lora = np.asarray(jax.random.normal(thread_key, (sum(target.shape), cfg.rank)), np.float64)
+                b_ref, a_ref = lora[:n_in], lora[n_in:] * sign * cfg.sigma / math.sqrt(cfg.rank)
+                grad += z_N[thread] * (a_ref @ b_ref.T) / n               # [out, in]
+            else:
+                noise = np.asarray(jax.random.normal(thread_key, target.shape), np.float64)
+                grad += z_N[thread] * noise * sign * cfg.sigma / n
+        ref_grad = -(grad * math.sqrt(n))                                  # _do_update's return value
+        ref_grad = ref_grad.T if target.low_rank else ref_grad             # back to our [in, out]
+        new[target.path] = np.asarray(params[target.path], np.float64) - lr_ref * ref_grad   # optax.sgd
+    return new
+
+
+def test_reference_lr_translates_as_lr_ref_times_sigma_times_sqrt_n(tiny_dir):
+    """The README's translation: learning_rate = lr_ref * sigma * sqrt(N) reproduces the reference's SGD step."""
+    model = jaxcore.load_hf(tiny_dir("llama"))
+    n, rank, sigma, lr_ref, epoch = 16, 4, 0.2, 1.0, 3     # large steps: float32 rounding of W stays << 1e-6
+    plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=n, rank=rank, sigma=sigma, seed=11,
+                                                          non_matrix="full", noise_reuse=2))
+    assert any(not t.low_rank for t in plan.targets) and any(t.low_rank for t in plan.targets)
+    fitness_N = np.random.default_rng(3).normal(size=n).astype(np.float32)
+    before = {k: np.asarray(v) for k, v in eggroll.perturbed_params(model, plan).items()}
+    expected = reference_sgd_step(plan, before, epoch, fitness_N, lr_ref)
+
+    optimizer = eggroll.make_optimizer("sgd", lr_ref * sigma * math.sqrt(n))
+    opt_state = optimizer.init(eggroll.perturbed_params(model, plan))
+    eggroll.es_step(model, plan, optimizer, opt_state, epoch, fitness_N, shaping="zscore")
+    after = eggroll.perturbed_params(model, plan)
+    for path, want in expected.items():
+        ref_step, our_step = want - before[path], np.asarray(after[path], np.float64) - before[path]
+        assert np.linalg.norm(ref_step) > 1e-3 * np.linalg.norm(before[path])
+        rel = np.linalg.norm(our_step - ref_step) / np.linalg.norm(ref_step)
+        assert rel <= 1e-6, (path, rel)
+    assert "`learning_rate = lr_ref * sigma * sqrt(N)`" in " ".join((ROOT / "README.md").read_text().split())
 
 
 def test_sgd_es_run_raises_reward_on_warm_model(tmp_path):

@@ -55,3 +55,53 @@ def test_generate_cli_truncates_warns_or_refuses(tiny_dir, capsys, caplog):
     assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-new-tokens", "600"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_new_tokens 600 leaves no room" in err[0]
+
+
+# --------------------------------------------------------------------------- through `jaxcore es` and rft-datagen
+
+ES_FAST = ["train.epochs=1", "train.checkpoint_every=0", "train.eval_every=0", "train.export_hf=false"]
+
+
+def es_run(capsys, tiny_dir, out, *extra):
+    from test_runtime import es_args, run_cli
+
+    return run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, *ES_FAST, *extra))
+
+
+def test_es_truncates_long_prompts_and_counts_them(tiny_dir, tmp_path, capsys, caplog):
+    """Addition prompts are longer than 4 tokens: every row is cut to its last 4, warned and counted."""
+    import json
+
+    code, err = es_run(capsys, tiny_dir, tmp_path / "out", "rollout.max_prompt_length=4")
+    assert code == 0, err
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    truncated = [r["prompts/truncated"] for r in records if "prompts/truncated" in r]
+    assert truncated and truncated[0] > 0, records
+    assert any("max_prompt_length 4" in r.getMessage() and "keeping their last 4 tokens" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_es_refuses_long_prompts_with_truncation_off(tiny_dir, tmp_path, capsys):
+    code, err = es_run(capsys, tiny_dir, tmp_path / "out", "rollout.max_prompt_length=4",
+                       "rollout.truncate_prompts=false")
+    assert code == 2 and len(err) == 1, err
+    assert "longer than max_prompt_length 4" in err[0] and "enable prompt truncation" in err[0], err
+
+
+def test_es_refuses_max_new_tokens_beyond_the_positions(tiny_dir, tmp_path, capsys):
+    code, err = es_run(capsys, tiny_dir, tmp_path / "out", "rollout.max_new_tokens=600")
+    assert code == 2 and len(err) == 1, err
+    assert "max_new_tokens 600 leaves no room" in err[0] and "512 positions" in err[0], err
+
+
+def test_rft_datagen_jax_engine_truncates_long_prompts(tiny_dir, tmp_path, capsys, caplog):
+    from test_rft_datagen import run_datagen
+
+    from torchref.rft.data import make_split, write_json
+
+    write_json(tmp_path / "q.json", make_split("train", 2, 0))
+    code, out, err = run_datagen(capsys, tiny_dir("llama"), tmp_path / "q.json", tmp_path / "rft.json",
+                                 "--engine", "jax", "--max-prompt-length", "4")
+    assert code == 0, (out, err)
+    assert any("max_prompt_length 4" in r.getMessage() and "keeping their last 4 tokens" in r.getMessage()
+               for r in caplog.records)
