@@ -3,6 +3,12 @@
 Reads only config.json and safetensors (single file or sharded with an index); never unpickles.
 Every problem (unknown model_type, missing/unexpected/misshapen tensor, a non-safetensors file)
 raises `CheckpointError` with one line naming the key or file.
+
+`load_hf` checks the mapping against the safetensors headers before reading any data, then builds one
+parameter at a time; with `shardings` each parameter is created directly in its target sharding by
+`jax.make_array_from_callback`, whose callback reads only the slice a device needs
+(`safe_open(...).get_slice(key)[index]`), so no process ever holds the whole model on the host, and
+a multi-host run reads only its own shards.
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -33,6 +41,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Buffers some HF checkpoints carry that are not parameters (causal-mask and RoPE caches).
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+# Where `load_hf` / `load_model` put each parameter: one sharding for all, {flat path: sharding}, or
+# a function (flat path, shape) -> sharding; None: the default device, as before.
+Shardings = (jax.sharding.Sharding | Mapping[str, jax.sharding.Sharding]
+             | Callable[[str, tuple[int, ...]], jax.sharding.Sharding] | None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +149,8 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of an HF directory as host numpy arrays (bf16 via ml_dtypes)."""
+    """All tensors of an HF directory as host numpy arrays (bf16 via ml_dtypes). For tests and tools:
+    `load_hf` never reads a whole directory at once."""
     tensors: dict[str, np.ndarray] = {}
     for file in _weight_files(Path(path)):
         try:
@@ -149,40 +162,180 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _check_shape(key: str, array: np.ndarray, expected: tuple[int, ...]) -> None:
-    if tuple(array.shape) != tuple(expected):
-        raise CheckpointError(f"tensor {key}: shape {tuple(array.shape)}, expected {tuple(expected)}")
+def read_headers(path: str | os.PathLike) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """{tensor name: (file, shape)} from the safetensors headers of an HF directory; reads no tensor data."""
+    headers: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for file in _weight_files(Path(path)):
+        try:
+            with safe_open(str(file), framework="numpy") as handle:
+                for key in handle.keys():
+                    headers[key] = (file, tuple(handle.get_slice(key).get_shape()))
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{file}: not a valid safetensors file ({err})") from err
+    return headers
 
 
-def _gpt2_prefix(tensors: dict[str, np.ndarray]) -> str:
+def _check_shape(key: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if tuple(shape) != tuple(expected):
+        raise CheckpointError(f"tensor {key}: shape {tuple(shape)}, expected {tuple(expected)}")
+
+
+def _gpt2_prefix(tensors: Mapping[str, Any]) -> str:
     return "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+
+
+def _split_sizes(m: TensorMap, expected_shapes: Mapping[str, tuple[int, ...]]) -> list[int]:
+    return [int(np.prod(expected_shapes[p][-1:])) for p in m.jax_paths]
+
+
+def checked_maps(cfg: ModelConfig, shapes: Mapping[str, tuple[int, ...]],
+                 expected_shapes: Mapping[str, tuple[int, ...]]) -> list[TensorMap]:
+    """The mapping for `cfg`, checked against the HF tensors' `shapes` ({name: shape}, e.g. from the
+    headers): an unexpected, missing or misshapen tensor raises a one-line CheckpointError."""
+    maps = tensor_maps(cfg, _gpt2_prefix(shapes) if cfg.is_gpt2 else "transformer.")
+    known = {m.hf_key for m in maps}
+    for key in sorted(shapes):
+        ignorable = key.endswith(_IGNORED_SUFFIXES) or (key == "lm_head.weight" and cfg.tie_word_embeddings)
+        if key not in known and not ignorable:
+            raise CheckpointError(f"unexpected tensor {key} for model_type {cfg.family}")
+    for m in maps:
+        if m.hf_key not in shapes:
+            raise CheckpointError(f"missing tensor {m.hf_key} for model_type {cfg.family}")
+        shape = tuple(shapes[m.hf_key])
+        if m.kind == "split3":
+            _check_shape(m.hf_key, shape, (*expected_shapes[m.jax_paths[0]][:-1],
+                                              sum(_split_sizes(m, expected_shapes))))
+        for path in m.jax_paths:
+            if m.kind == "transpose":
+                _check_shape(m.hf_key, shape, tuple(expected_shapes[path][::-1]))
+            elif m.kind == "split3":
+                _check_shape(m.hf_key, (*shape[:-1], expected_shapes[path][-1]), expected_shapes[path])
+            else:
+                _check_shape(m.hf_key, shape, expected_shapes[path])
+    return maps
 
 
 def hf_to_params(cfg: ModelConfig, tensors: dict[str, np.ndarray],
                  expected_shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """Map HF tensors to flat jaxcore parameter paths, strictly."""
-    maps = tensor_maps(cfg, _gpt2_prefix(tensors) if cfg.is_gpt2 else "transformer.")
-    known = {m.hf_key for m in maps}
-    for key in sorted(tensors):
-        ignorable = key.endswith(_IGNORED_SUFFIXES) or (key == "lm_head.weight" and cfg.tie_word_embeddings)
-        if key not in known and not ignorable:
-            raise CheckpointError(f"unexpected tensor {key} for model_type {cfg.family}")
+    """Map HF tensors (all in memory) to flat jaxcore parameter paths, strictly."""
+    maps = checked_maps(cfg, {k: tuple(v.shape) for k, v in tensors.items()}, expected_shapes)
     params: dict[str, np.ndarray] = {}
     for m in maps:
-        if m.hf_key not in tensors:
-            raise CheckpointError(f"missing tensor {m.hf_key} for model_type {cfg.family}")
         array = tensors[m.hf_key]
         if m.kind == "split3":
-            sizes = [int(np.prod(expected_shapes[p][-1:])) for p in m.jax_paths]
-            _check_shape(m.hf_key, array, (*expected_shapes[m.jax_paths[0]][:-1], sum(sizes)))
-            parts = np.split(array, np.cumsum(sizes)[:-1], axis=-1)
+            parts = np.split(array, np.cumsum(_split_sizes(m, expected_shapes))[:-1], axis=-1)
         else:
             parts = [array.T if m.kind == "transpose" else array]
         for path, part in zip(m.jax_paths, parts):
-            _check_shape(m.hf_key, part.T if m.kind == "transpose" else part,
-                         expected_shapes[path][::-1] if m.kind == "transpose" else expected_shapes[path])
             params[path] = np.ascontiguousarray(part)
     return params
+
+
+Index = tuple[slice, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSource:
+    """Where one jaxcore parameter lives in the HF files: `hf_key`, read as `kind` ("copy",
+    "transpose", or "split3" with the parameter at columns [offset, offset + width) of the last axis)."""
+
+    hf_key: str
+    file: Path
+    kind: str
+    offset: int = 0
+
+    def hf_index(self, index: Index, shape: tuple[int, ...]) -> Index:
+        """The slice of the HF tensor that holds `index` of the (jaxcore-layout) parameter of `shape`."""
+        bounds = tuple(slice(*s.indices(d)[:2]) for s, d in zip(index, shape))
+        if len(bounds) != len(shape) or any(s.indices(d)[2] != 1 for s, d in zip(index, shape)):
+            raise ValueError(f"{self.hf_key}: unsupported index {index} for shape {shape}")
+        if self.kind == "transpose":
+            return bounds[::-1]
+        if self.kind == "split3":
+            last = bounds[-1]
+            return (*bounds[:-1], slice(last.start + self.offset, last.stop + self.offset))
+        return bounds
+
+
+def param_sources(maps: list[TensorMap], headers: Mapping[str, tuple[Path, tuple[int, ...]]],
+                  expected_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, ParamSource]:
+    """{jaxcore path: ParamSource} for a checked mapping."""
+    sources: dict[str, ParamSource] = {}
+    for m in maps:
+        file = headers[m.hf_key][0]
+        offsets = np.concatenate([[0], np.cumsum(_split_sizes(m, expected_shapes))]) if m.kind == "split3" \
+            else np.zeros(len(m.jax_paths) + 1, int)
+        for path, offset in zip(m.jax_paths, offsets):
+            sources[path] = ParamSource(m.hf_key, file, m.kind, int(offset))
+    return sources
+
+
+class SliceReader:
+    """Reads slices of HF tensors through `safe_open(...).get_slice(key)[index]` (never a whole file);
+    keeps one handle per file open (memory-mapped) until closed."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+
+    def __enter__(self) -> SliceReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+    def _handle(self, file: Path) -> Any:
+        if file not in self._handles:
+            try:
+                self._handles[file] = self._stack.enter_context(safe_open(str(file), framework="numpy"))
+            except (SafetensorError, OSError) as err:
+                raise CheckpointError(f"{file}: not a valid safetensors file ({err})") from err
+        return self._handles[file]
+
+    def read(self, source: ParamSource, index: Index, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """`index` of the parameter of `shape` that `source` describes, as a C-contiguous `dtype` array."""
+        try:
+            part = self._handle(source.file).get_slice(source.hf_key)[source.hf_index(index, shape)]
+        except SafetensorError as err:
+            raise CheckpointError(f"{source.file}: cannot read tensor {source.hf_key} ({err})") from err
+        part = part.T if source.kind == "transpose" else part
+        return np.asarray(part, dtype=dtype, order="C")
+
+
+def sharding_function(shardings: Shardings) -> Callable[[str, tuple[int, ...]], jax.sharding.Sharding | None]:
+    """`shardings` (one sharding, a {path: sharding} mapping, a function, or None) as a function."""
+    if shardings is None:
+        return lambda path, shape: None
+    if isinstance(shardings, jax.sharding.Sharding):
+        return lambda path, shape: shardings
+    if isinstance(shardings, Mapping):
+        def lookup(path: str, shape: tuple[int, ...]) -> jax.sharding.Sharding:
+            if path not in shardings:
+                raise ValueError(f"shardings: no sharding for parameter {path}")
+            return shardings[path]
+        return lookup
+    if callable(shardings):
+        return shardings
+    raise TypeError(f"shardings must be a Sharding, a mapping or a function, got {type(shardings).__name__}")
+
+
+def place(shape: tuple[int, ...], dtype: Any, sharding: jax.sharding.Sharding | None,
+          read: Callable[[Index], np.ndarray]) -> jax.Array:
+    """One array from `read(index)` host slices: with a sharding, each addressable device's slice is read
+    (identical slices once) and placed directly; without one, the whole array on the default device."""
+    full = tuple(slice(None) for _ in shape)
+    if sharding is None:
+        return jnp.asarray(read(full))
+    cache: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+
+    def callback(index: Index) -> np.ndarray:
+        key = tuple(s.indices(d)[:2] for s, d in zip(index, shape))
+        if key not in cache:
+            cache[key] = read(index)
+        return cache[key]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, callback, dtype=np.dtype(dtype))
 
 
 def params_to_hf(cfg: ModelConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -216,17 +369,23 @@ def flat_state(model: Transformer) -> dict[str, Any]:
     return flat
 
 
-def load_params_into(model: Transformer, flat: dict[str, np.ndarray], param_dtype: Any) -> Transformer:
-    """Fill an (abstract) model's parameters from flat host arrays."""
+def load_params_into(model: Transformer, flat: Mapping[str, Any], param_dtype: Any) -> Transformer:
+    """Fill an (abstract) model's parameters from flat host arrays (or placed device arrays, kept
+    where they are)."""
     state = nnx.state(model, nnx.Param)
     pure = nnx.to_pure_dict(state)
+
+    def value_of(path: str) -> Any:
+        value = flat[path]
+        if isinstance(value, jax.Array):
+            return value if value.dtype == param_dtype else value.astype(param_dtype)
+        return jnp.asarray(np.asarray(value).astype(param_dtype))
 
     def fill(node: dict, prefix: str) -> dict:
         out = {}
         for key, value in node.items():
             path = f"{prefix}{key}"
-            out[key] = fill(value, path + ".") if isinstance(value, dict) else \
-                jnp.asarray(np.asarray(flat[path]).astype(param_dtype))
+            out[key] = fill(value, path + ".") if isinstance(value, dict) else value_of(path)
         return out
 
     nnx.replace_by_pure_dict(state, fill(pure, ""))
@@ -241,17 +400,34 @@ def source_dtype(hf_config: dict[str, Any]) -> str:
 
 
 def load_hf(path: str | os.PathLike, dtype: str | Any = "float32", *, param_dtype: str | Any = "float32",
-            remat: bool = False) -> Transformer:
-    """Load an HF directory as a jaxcore Transformer (compute `dtype`, fp32 master parameters)."""
+            remat: bool = False, shardings: Shardings = None) -> Transformer:
+    """Load an HF directory as a jaxcore Transformer (compute `dtype`, fp32 master parameters).
+
+    The mapping is checked against the safetensors headers first; then parameters are read one at a
+    time, cast per slice. `shardings` (one sharding, {flat path: sharding}, or a function
+    (path, shape) -> sharding) places each parameter directly in its sharding, every device reading
+    only its slice; without it each parameter goes whole to the default device.
+    """
     hf_config = read_hf_config(path)
     try:
         cfg = config_from_hf(hf_config)
     except ConfigError as err:
         raise CheckpointError(f"{Path(path) / 'config.json'}: {err}") from err
-    model = abstract_model(cfg, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(param_dtype), remat=remat)
+    param_dtype = jnp.dtype(param_dtype)
+    model = abstract_model(cfg, dtype=jnp.dtype(dtype), param_dtype=param_dtype, remat=remat)
     shapes = {k: tuple(v.shape) for k, v in flat_state(model).items()}
-    params = hf_to_params(cfg, read_safetensors(path), shapes)
-    return load_params_into(model, params, jnp.dtype(param_dtype))
+    headers = read_headers(path)
+    maps = checked_maps(cfg, {k: shape for k, (_, shape) in headers.items()}, shapes)
+    sources = param_sources(maps, headers, shapes)
+    sharding_of = sharding_function(shardings)
+    params: dict[str, jax.Array] = {}
+    with SliceReader() as reader:
+        for name, shape in shapes.items():
+            source = sources[name]
+            params[name] = place(shape, param_dtype, sharding_of(name, shape),
+                                 lambda index, source=source, shape=shape: reader.read(source, index, shape,
+                                                                                      param_dtype))
+    return load_params_into(model, params, param_dtype)
 
 
 # ----------------------------------------------------------------------------- writing HF

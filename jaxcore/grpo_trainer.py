@@ -127,7 +127,8 @@ class GRPOAlgorithm:
             raise ValueError(f"prompts_per_epoch x generations_per_prompt = {rows} rows must be a multiple of "
                              f"{self.mesh.size} devices x {train_cfg.generation_steps} micro-batches per rollout")
         ref_path = cfg.grpo.ref_model_path
-        ref_model = (lambda: load_any(ref_path, cfg.model.dtype, remat=cfg.model.remat)[0]) if ref_path else None
+        ref_model = (lambda: load_any(ref_path, cfg.model.dtype, remat=cfg.model.remat,
+                                      **sharding.load_targets(cfg))[0]) if ref_path else None
         self.learner = GRPOLearner(model, train_cfg, mesh=self.mesh, ref_model=ref_model)
         self.rows = sharding.leading_axis(self.mesh, self.learner.batch_axes)
         self.eval_sharding = sharding.replicated(self.mesh)

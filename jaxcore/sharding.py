@@ -177,3 +177,37 @@ def gathered_model(model: Any) -> Any:
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return x
     return nnx.merge(graphdef, jax.tree.map(host, state))
+
+
+# ----------------------------------------------------------------------------- loading into shardings
+
+
+def master_shardings(mesh: Mesh, min_size: int = 2**14) -> Any:
+    """(path, shape) -> the master weights' NamedSharding on `mesh` (`master_spec`): pass as
+    `load_hf(..., shardings=)` / `load_model(..., shardings=)` to load straight into the ES masters' layout."""
+    return lambda path, shape: NamedSharding(mesh, master_spec(tuple(shape), mesh, min_size))
+
+
+def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = 2**14) -> Any:
+    """(path, shape) -> the NamedSharding `fsdp_shardings` gives a leaf of that shape (GRPO's `fsdp`)."""
+    return lambda path, shape: NamedSharding(mesh, fsdp_spec(tuple(shape), axis, mesh.shape[axis], min_size))
+
+
+def load_targets(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments for `load_any` that put a training job's weights straight where its trainer keeps
+    them: ES masters sharded over the whole (pop, model) mesh in `es.master_dtype`; GRPO with `fsdp > 1`
+    FSDP-sharded over its mesh. Empty (load to the default device) otherwise, or when the mesh cannot be
+    built (the trainer then reports why)."""
+    try:
+        if hasattr(cfg, "es") and hasattr(cfg, "mesh"):
+            targets = {"shardings": master_shardings(es_mesh(cfg.mesh.model))}
+            if cfg.es.master_dtype in ("float32", "bfloat16"):      # anything else: the trainer says so
+                targets["param_dtype"] = cfg.es.master_dtype
+            return targets
+        if hasattr(cfg, "grpo") and cfg.grpo.fsdp > 1:
+            from jaxcore.grpo_trainer import make_grpo_mesh
+
+            return {"shardings": fsdp_sharding_fn(make_grpo_mesh(cfg.grpo.fsdp))}
+    except ValueError:
+        pass
+    return {}

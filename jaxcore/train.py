@@ -311,7 +311,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     if model is None:
         if not cfg.model.path:
             raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
-        model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat)
+        model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
+                                  **sharding.load_targets(cfg))      # each weight read straight into its shard
     else:
         tok_dir = tokenizer_dir or cfg.model.path or None
     if tok_dir is None:
