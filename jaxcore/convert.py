@@ -479,6 +479,7 @@ def atomic_directory(out_dir: str | os.PathLike, write: Any) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         write(tmp)
+        make_readable(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
@@ -490,6 +491,16 @@ def atomic_directory(out_dir: str | os.PathLike, write: Any) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def make_readable(directory: Path) -> None:
+    """Give a finished directory the modes of a plain `mkdir`/`open` under the current umask (mkdtemp and
+    some writers create 0700/0600), so other users and tools can read the exported model."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def save_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None,

@@ -91,3 +91,24 @@ def test_both_directions_through_the_real_command(tiny_dir, tmp_path):
                          text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"jaxcore convert: error: {tmp_path / 'nope'}: not a directory"]
+
+
+def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path):
+    import os
+    import stat
+    import tempfile
+
+    from jaxcore.convert import atomic_directory
+
+    def write(tmp):
+        fd, name = tempfile.mkstemp(dir=tmp)                    # 0600, like some writers
+        os.close(fd)
+        os.rename(name, tmp / "model.safetensors")
+
+    old = os.umask(0o022)
+    try:
+        out = atomic_directory(tmp_path / "export", write)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o644
