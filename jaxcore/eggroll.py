@@ -282,8 +282,10 @@ def _apply_update(params: dict[str, Array], opt_state: Any, grads: dict[str, Arr
                   optimizer: optax.GradientTransformation) -> tuple[dict[str, Array], Any]:
     """params <- params + optimizer(-g): ES ascends the fitness."""
     negated = jax.tree.map(jnp.negative, grads)
-    updates, opt_state = optimizer.update(negated, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    updates, new_state = optimizer.update(negated, opt_state, params)
+    # optax promotes bf16 moments to the fp32 gradient's dtype; keep the state's own (es.master_dtype)
+    new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, opt_state)
+    return optax.apply_updates(params, updates), new_state
 
 
 # The optimizer state is always donated (the caller passes it in and gets the new one back). The

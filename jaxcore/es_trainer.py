@@ -105,13 +105,22 @@ class EggrollAlgorithm:
                              f"of the pop axis")
         if (es.population // pop_devices) % 2:
             log.warning("population/devices is odd: antithetic pairs straddle devices (slower)")
-        shard_masters(model, self.mesh, es.master_dtype)
+        min_size = cfg.mesh.shard_min_size
+        if min_size < 1:
+            raise ValueError(f"mesh.shard_min_size={min_size} must be >= 1")
+        shard_masters(model, self.mesh, es.master_dtype, min_size)
         self.rows = sharding.leading_axis(self.mesh, sharding.POP)
-        self.eval_sharding = sharding.replicated(self.mesh)
+        self.eval_sharding = self.rows          # evaluation: rows over "pop", weights over "model" (eval_model)
         schedule = make_schedule(cfg.optimizer, cfg.train.epochs)
         self.optimizer = eggroll.make_optimizer(cfg.optimizer.name, schedule, weight_decay=cfg.optimizer.weight_decay,
                                                 momentum=cfg.optimizer.momentum)
-        self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh)
+        self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh,
+                                        min_size)
+
+    def eval_model(self) -> Any:
+        """The model evaluation runs: compute-dtype weights tensor-parallel over "model" (never the
+        FSDP masters, which a forward pass would gather whole onto every device)."""
+        return compute_model(self.model, self.mesh)
 
     # -- checkpointing -------------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ class EsSection:
 class MeshSection:
     model: int = 1                      # devices that shard each compute weight; "pop" gets the rest
     device_memory: str = ""             # e.g. "40GB": checked against the memory plan (GPUs: read from the device)
+    shard_min_size: int = 2**14         # master/optimizer-state leaves with fewer elements stay replicated
 
 
 @dataclasses.dataclass

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 HARMLESS_PREFIXES = ("train.epochs", "train.out_dir", "train.eval_every", "train.eval_prompts", "train.eval_batch_size",
                      "train.checkpoint_every", "train.max_to_keep", "train.max_bad_steps", "train.export_hf",
-                     "train.tensorboard", "train.progress", "rewards.", "model.path", "model.remat", "distributed.")
+                     "train.tensorboard", "train.progress", "rewards.", "model.path", "model.remat", "distributed.",
+                     "mesh.")          # a mesh shape (or device count) change reshards the checkpoint; math unchanged
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

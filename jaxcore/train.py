@@ -100,16 +100,36 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         ids, mask, _ = encode_prompts_limited(tokenizer, [e.prompt for e in chunk],
                                               prompt_limit or PromptLimit(model.config.max_position_embeddings),
                                               max_new_tokens, chat_template=chat_template, system=system)
+        rows = len(chunk)
+        pad = -rows % _row_shards(row_sharding)     # rows sharded over k devices: a multiple of k (repeat the last)
+        ids, mask = np.concatenate([ids, ids[-1:].repeat(pad, 0)]), np.concatenate([mask, mask[-1:].repeat(pad, 0)])
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
                           eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
                           row_sharding=row_sharding)
-        texts.extend(decode_completions(tokenizer, result.tokens, result.lengths))
+        texts.extend(decode_completions(tokenizer, _host(result.tokens)[:rows], _host(result.lengths)[:rows]))
     scores = scorer.score(texts, examples)
     out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
     for name, values in scores.per_function.items():
         out[f"eval/rewards/{name}/mean"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
     out["eval/samples"] = [{"prompt": e.prompt, "completion": t} for e, t in list(zip(examples, texts))[:3]]
     return out
+
+
+def _row_shards(row_sharding: Any) -> int:
+    """How many ways a NamedSharding splits the leading (row) dimension (1 for none or replicated)."""
+    spec = getattr(row_sharding, "spec", ())
+    axes = spec[0] if len(spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
+
+
+def _host(x: Any) -> np.ndarray:
+    """A global array on the host in full (gathered from every process when rows are sharded across hosts)."""
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None) -> Any:
@@ -188,7 +208,8 @@ class Runner:
 
     def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
         t = self.cfg.train
-        return evaluate(self.algorithm.model, self.tokenizer, self.eval_examples, scorer,
+        model = self.algorithm.eval_model() if hasattr(self.algorithm, "eval_model") else self.algorithm.model
+        return evaluate(model, self.tokenizer, self.eval_examples, scorer,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
                         chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
                         eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None),

@@ -127,7 +127,36 @@ def test_truncated_completions_are_masked(batch):
     assert int(loss_mask(jax.tree.map(jnp.asarray, batch), True).sum()) == int(zeroed.completion_mask_BL.sum())
 
 
-def test_eight_devices_match_one(path, tiny_dir, batch):
+MESH_CFG = dict(loss_type="dapo", beta=0.04, num_iterations=2, gradient_accumulation_steps=2,
+                learning_rate=0.5, lr_schedule="constant", max_grad_norm=0.0, max_completion_length=8)
+
+
+def sgd_learner(path, load_ref, mesh, fsdp_min_size=2**14) -> GRPOLearner:
+    """A learner with plain SGD (no Adam 1/sqrt(v) amplification of summation-order noise), so the
+    meshes are compared at 1e-6."""
+    import optax
+
+    from jaxcore import grpo_learner
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grpo_learner, "make_optimizer", lambda cfg: optax.sgd(make_schedule(cfg)))
+        return GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(**MESH_CFG), mesh=mesh, ref_model=load_ref,
+                           fsdp_min_size=fsdp_min_size)
+
+
+@pytest.fixture(scope="module")
+def one_device(path, tiny_dir, batch):
+    ref = lambda: jaxcore.load_hf(tiny_dir("llama", seed=1))     # noqa: E731
+    one = sgd_learner(path, ref, make_mesh({"data": 1}, devices=jax.devices()[:1]))
+    return one.train_on_rollout(batch), params_of(one)
+
+
+@pytest.mark.parametrize("fsdp", [1, 2, 4])
+def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
+    """Two SGD steps (num_iterations=2, accumulation 2, KL to a reference) on 8 devices as the trainer
+    builds them (`make_grpo_mesh`: data x fsdp) give one device's parameters to 1e-6."""
+    from jaxcore.grpo_trainer import make_grpo_mesh
+
     assert jax.device_count() == 8
     calls = []
 
@@ -135,22 +164,39 @@ def test_eight_devices_match_one(path, tiny_dir, batch):
         calls.append(1)
         return jaxcore.load_hf(tiny_dir("llama", seed=1))
 
-    cfg = GRPOTrainConfig(loss_type="dapo", beta=0.04, num_iterations=2, gradient_accumulation_steps=2,
-                          learning_rate=1e-3, max_completion_length=8)
-    one = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=make_mesh({"data": 1}, devices=jax.devices()[:1]),
-                      ref_model=load_ref)
-    eight = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=make_mesh({"data": 4, "fsdp": 2}), ref_model=load_ref,
-                        fsdp_min_size=1024)
-    assert len(calls) == 2
+    mesh = make_grpo_mesh(fsdp)
+    assert dict(mesh.shape) == ({"data": 8 // fsdp, "fsdp": fsdp} if fsdp > 1 else {"data": 8})
+    eight = sgd_learner(path, load_ref, mesh, fsdp_min_size=1024)
+    assert len(calls) == 1
     sharded = [x for x in jax.tree.leaves(eight.state.params) if not x.sharding.is_fully_replicated]
-    assert len(sharded) >= 5 and all(len(x.sharding.device_set) == 8 for x in sharded)
-    metrics_one, metrics_eight = one.train_on_rollout(batch), eight.train_on_rollout(batch)
+    if fsdp > 1:
+        assert len(sharded) >= 5 and all(len(x.sharding.device_set) == 8 for x in sharded)
+        assert all(x.addressable_shards[0].data.size == x.size // fsdp for x in sharded)
+    else:
+        assert not sharded
+    metrics_one, params_one = one_device
+    metrics_eight = eight.train_on_rollout(batch)
+    assert len(metrics_eight) == 2
     for m1, m8 in zip(metrics_one, metrics_eight, strict=True):
         for key in ("loss", "kl", "grad_norm", "entropy", "clip_ratio/region_mean"):
             assert m1[key] == pytest.approx(m8[key], rel=1e-4, abs=1e-6), key
     assert metrics_one[1]["kl"] > 0.01
-    assert_params_close(one, eight)
-    assert max(np.abs(a - b).max() for a, b in zip(params_of(one), initial_params(path))) > 1e-3
+    for x, y in zip(params_one, params_of(eight), strict=True):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
+    assert max(np.abs(a - b).max() for a, b in zip(params_one, initial_params(path))) > 1e-3
+
+
+def test_grpo_and_es_build_meshes_with_one_helper(monkeypatch):
+    """`grpo.fsdp` and `mesh.model` both go through `sharding.make_mesh` (one way to build meshes)."""
+    from jaxcore import sharding
+    from jaxcore.grpo_trainer import make_grpo_mesh
+
+    calls, make = [], sharding.make_mesh
+    monkeypatch.setattr(sharding, "make_mesh", lambda sizes, devices=None: calls.append(dict(sizes)) or
+                        make(sizes, devices))
+    make_grpo_mesh(2)
+    sharding.es_mesh(4)
+    assert calls == [{"data": -1, "fsdp": 2}, {"pop": -1, "model": 4}]
 
 
 def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch):

@@ -9,6 +9,7 @@ from jaxcore import eggroll, sharding
 from jaxcore.convert import flat_state
 from jaxcore.es_trainer import compute_model, init_opt_state, shard_masters
 from jaxcore.generate import generate
+from jaxcore.population import LowRankPerturbed, variable_at
 
 
 def train_two_epochs(path, devices, model_size: int):
@@ -59,12 +60,13 @@ def test_mesh_shapes_give_the_same_parameters(reference, model_size):
 
 
 def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
-    """A checkpoint of (pop=8, model=1)-sharded masters and Adam state restores onto (pop=2, model=4)."""
+    """A checkpoint of masters and Adam state sharded 1/8 over (pop=8, model=1) restores onto
+    (pop=1, model=4) over 4 devices: every sharded leaf really changes layout (1/8 -> 1/4 slices)."""
     from jaxcore.checkpoint import TrainCheckpointer
 
-    def sharded_state(model_size: int):
+    def sharded_state(model_size: int, devices):
         model = jaxcore.load_hf(tiny_dir("llama"))
-        mesh = sharding.es_mesh(model_size)
+        mesh = sharding.es_mesh(model_size, devices)
         shard_masters(model, mesh, min_size=1)
         plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16))
         optimizer = eggroll.make_optimizer("adam", 1e-3)
@@ -73,13 +75,254 @@ def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
         opt_state, _ = eggroll.es_step(model, plan, optimizer, opt_state, 0, np.arange(16.0))
         return {"params": flat_state(model), "opt_state": opt_state}
 
-    saved = sharded_state(1)
+    saved = sharded_state(1, jax.devices())
     checkpointer = TrainCheckpointer(tmp_path / "ckpt", async_save=False)
     checkpointer.save(1, saved, {"epoch": 1}, wait=True)
-    target = sharded_state(4)
+    target = sharded_state(4, jax.devices()[:4])
     target = jax.tree.map(lambda x: x * 0, target)
     restored, _ = checkpointer.restore(target)
     checkpointer.close()
+    resharded = 0
     for a, b, t in zip(jax.tree.leaves(saved), jax.tree.leaves(restored), jax.tree.leaves(target)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert b.sharding == t.sharding
+        if a.ndim == 2:
+            assert a.addressable_shards[0].data.size == a.size // 8
+            assert b.addressable_shards[0].data.size == b.size // 4 and len(b.sharding.device_set) == 4
+            resharded += 1
+    assert resharded >= 14          # masters and both Adam moments of the 2 layers' matrices
+
+
+# ----------------------------------------------------------------------------- factors and evaluation
+
+
+def test_factors_are_sharded_like_their_weight(tiny_dir):
+    """On (pop=2, model=4): A [P, I, r] is split like W's input dim, B [P, O, r] like its output dim,
+    and the pairs over "pop" (column-parallel q/k/v/gate/up split B, row-parallel o/down split A)."""
+    model = jaxcore.load_hf(tiny_dir("llama"))
+    mesh = sharding.es_mesh(4)
+    rows = sharding.leading_axis(mesh, sharding.POP)
+    plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16, rank=2))
+    pop = eggroll.population(compute_model(model, mesh), plan, 0, out_sharding=rows)
+    kinds = set()
+    for target in plan.targets:
+        value = variable_at(pop, target.path).get_value()
+        assert isinstance(value, LowRankPerturbed), target.path
+        (i, o), pairs = target.shape, 8
+        module = target.path.split(".")[-2]
+        w_in, w_out = ((1, 4) if module in ("q", "k", "v", "gate", "up") else (4, 1) if module in ("o", "down")
+                       else (None, None))
+        assert w_in is not None, target.path
+        kinds.add((w_in, w_out))
+        assert value.w.addressable_shards[0].data.shape == (i // w_in, o // w_out), target.path
+        assert value.a.addressable_shards[0].data.shape == (pairs // 2, i // w_in, 2), target.path
+        assert value.b.addressable_shards[0].data.shape == (pairs // 2, o // w_out, 2), target.path
+        a_spec, b_spec = tuple(value.a.sharding.spec) + (None,) * 3, tuple(value.b.sharding.spec) + (None,) * 3
+        w_spec = tuple(value.w.sharding.spec) + (None,) * 2
+        assert (a_spec[:2], b_spec[:2]) == ((sharding.POP, w_spec[0]), (sharding.POP, w_spec[1])), target.path
+    assert kinds == {(1, 4), (4, 1)}
+
+
+def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
+    """The prefill that evaluation and rollouts compile on (pop=2, model=4): every weight argument is a
+    quarter per device (XLA's own argument bytes ~1/4 of the replicated weights), and no collective
+    gathers a weight: every all-gather is of per-row activations or KV cache (kv_heads=2 over 4
+    devices splits k/v mid-head, so XLA gathers their activations; the mesh equality tests above cover
+    that case numerically)."""
+    import re
+
+    from flax import nnx
+
+    from jaxcore.generate import _prefill
+
+    model = jaxcore.load_hf(tiny_dir("llama", tie=True))     # tied: no [H, 259] lm_head (259 % 4 != 0)
+    mesh = sharding.es_mesh(4)
+    compute = compute_model(model, mesh)
+    rows = sharding.leading_axis(mesh, sharding.POP)
+    ids = sharding.put_global(np.ones((10, 16), np.int32), rows)       # 5 rows per pop device
+    graphdef, state = nnx.split(compute)
+    compiled = _prefill.lower(graphdef, state, ids, ids, cache_length=24).compile()
+    weights = {k: v for k, v in flat_state(compute).items() if v.ndim == 2}
+    specs = jax.tree.leaves(compiled.input_shardings[0][0])
+    assert len(specs) == len(jax.tree.leaves(state))
+    for leaf, arg_sharding in zip(jax.tree.leaves(state), specs):
+        if leaf.ndim == 2:
+            shard = arg_sharding.shard_shape(leaf.shape)
+            assert np.prod(shard) == leaf.size // 4, (leaf.shape, shard)
+    replicated_bytes = sum(v.nbytes for v in jax.tree.leaves(state))
+    argument_bytes = compiled.memory_analysis().argument_size_in_bytes
+    print(f"prefill arguments per device {argument_bytes} B vs replicated weights {replicated_bytes} B "
+          f"({argument_bytes / replicated_bytes:.3f})")
+    assert argument_bytes < 0.3 * replicated_bytes
+    gathered = re.findall(r"= \w+\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", compiled.as_text())
+    assert gathered, "expected XLA to gather activations"
+    assert all(shape.split(",")[0] == "5" for shape in gathered), gathered      # rows first: no weight
+    assert len(weights) == 2 * 7 + 1
+
+
+# ----------------------------------------------------------------------------- the trainer on the mesh
+
+CLI_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
+           "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16", "es.rank=2",
+           "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "train.eval_prompts=5", "train.eval_every=0",
+           "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false"]
+
+
+def es_cli(model, out, *extra, resume: bool = False) -> int:
+    from jaxcore.cli import main
+
+    flags = ["--resume"] if resume else []
+    return main(["es", *flags, f"model.path={model}", f"train.out_dir={out}", *CLI_RUN, *map(str, extra)])
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The ES algorithms the trainer builds, and the weights every evaluation's generate receives."""
+    from jaxcore import train
+    from jaxcore.trainers import ESTrainer
+
+    seen = {"algorithms": [], "eval_weights": []}
+    make, gen = ESTrainer.make_algorithm, train.generate
+
+    def make_algorithm(self, *args, **kwargs):
+        seen["algorithms"].append(make(self, *args, **kwargs))
+        return seen["algorithms"][-1]
+
+    def generate(model, *args, **kwargs):
+        seen["eval_weights"].append({k: v for k, v in flat_state(model).items() if v.ndim == 2})
+        return gen(model, *args, **kwargs)
+
+    monkeypatch.setattr(ESTrainer, "make_algorithm", make_algorithm)
+    monkeypatch.setattr(train, "generate", generate)
+    return seen
+
+
+def per_device_fraction(x: jax.Array) -> float:
+    return x.addressable_shards[0].data.size / x.size
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tiny_dir, tmp_path_factory):
+    """A straight 4-epoch run and a 2-epoch run to resume from, both on (pop=8, model=1) with the default
+    mesh.shard_min_size (every tiny weight stays replicated)."""
+    from jaxcore.convert import read_safetensors
+
+    model, root = tiny_dir("llama"), tmp_path_factory.mktemp("cli")
+    assert es_cli(model, root / "straight", "train.epochs=4") == 0
+    assert es_cli(model, root / "half", "train.epochs=2") == 0
+    return model, root, read_safetensors(root / "straight" / "final_hf")
+
+
+def assert_same_final(straight: dict, out, model) -> None:
+    from jaxcore.convert import read_safetensors
+
+    resumed, start = read_safetensors(out / "final_hf"), read_safetensors(model)
+    assert any(not np.array_equal(straight[k], start[k]) for k in straight)
+    for key in straight:
+        np.testing.assert_allclose(resumed[key], straight[key], atol=1e-6, rtol=0, err_msg=key)
+
+
+def test_cli_resume_reshards_onto_another_mesh(cli_runs, tmp_path, recorded):
+    """`jaxcore es --resume` with mesh.model=4 and mesh.shard_min_size=1 (both harmless changes): the
+    replicated (8, 1) checkpoint is restored as 1/8 master and momentum slices on (pop=2, model=4),
+    evaluation runs on tensor-parallel compute weights (a quarter per device), and epochs 2-3 give the
+    straight run's parameters."""
+    import shutil
+
+    model, root, straight = cli_runs
+    out = tmp_path / "resumed"
+    shutil.copytree(root / "half", out)
+    assert es_cli(model, out, "train.epochs=4", "mesh.model=4", "mesh.shard_min_size=1", "train.eval_every=4",
+                  resume=True) == 0
+    assert_same_final(straight, out, model)
+    (algorithm,) = recorded["algorithms"]
+    assert dict(algorithm.mesh.shape) == {"pop": 2, "model": 4}
+    masters = eggroll.perturbed_params(algorithm.model, algorithm.plan)
+    momentum = [x for x in jax.tree.leaves(algorithm.opt_state) if x.ndim == 2]
+    assert len(masters) == len(momentum) == 14
+    for x in [*masters.values(), *momentum]:
+        assert per_device_fraction(x) == 1 / 8 and len(x.sharding.device_set) == 8
+    master_bytes = sum(x.addressable_shards[0].data.nbytes for x in [*masters.values(), *momentum])
+    assert master_bytes * 8 == sum(x.nbytes for x in [*masters.values(), *momentum])
+    (eval_weights,) = recorded["eval_weights"]                    # once, after the last epoch
+    blocks = {k: v for k, v in eval_weights.items() if k.startswith("blocks.")}
+    assert len(blocks) == 14 and all(per_device_fraction(v) == 1 / 4 for v in blocks.values())
+    assert per_device_fraction(eval_weights["embed.table"]) == 1 / 4
+
+
+def test_cli_resume_on_four_devices(cli_runs, tmp_path):
+    """The (pop=8, model=1) checkpoint written on 8 devices resumes in a process with 4 devices on
+    (pop=1, model=4): same parameters as the straight run."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    model, root, straight = cli_runs
+    out = tmp_path / "four"
+    shutil.copytree(root / "half", out)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "jaxcore.cli", "es", "--resume", f"model.path={model}", f"train.out_dir={out}",
+           *CLI_RUN, "train.epochs=4", "mesh.model=4", "mesh.shard_min_size=1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mesh.model: 1 -> 4" in proc.stderr
+    assert_same_final(straight, out, model)
+
+
+def es_config(path, *overrides):
+    from jaxcore.job_config import ESConfig
+    from jaxcore.yaml_config import load_config
+
+    return load_config(ESConfig, None, [f"model.path={path}", "es.population=16", "optimizer.momentum=0.9",
+                                        *overrides])
+
+
+@pytest.mark.parametrize("min_size,fraction", [(None, 1.0), (1, 1 / 8)])
+def test_shard_min_size_shards_the_trainers_masters(tiny_dir, min_size, fraction):
+    """The trainer's masters and momentum: replicated by default for tiny weights (2**14 elements),
+    1/8 per device with mesh.shard_min_size=1, also after an update."""
+    from jaxcore.es_trainer import EggrollAlgorithm
+
+    path = tiny_dir("llama")
+    extra = [] if min_size is None else [f"mesh.shard_min_size={min_size}"]
+    algorithm = EggrollAlgorithm(jaxcore.load_hf(path), None, es_config(path, "mesh.model=2", *extra))
+    for _ in range(2):
+        masters = eggroll.perturbed_params(algorithm.model, algorithm.plan)
+        momentum = [x for x in jax.tree.leaves(algorithm.opt_state) if x.ndim == 2]
+        assert len(masters) == len(momentum) == 14
+        assert all(per_device_fraction(x) == fraction for x in [*masters.values(), *momentum])
+        algorithm.opt_state, _ = eggroll.es_step(algorithm.model, algorithm.plan, algorithm.optimizer,
+                                                 algorithm.opt_state, 0, np.arange(16.0), donate_params=True)
+
+
+def test_bfloat16_masters(tiny_dir):
+    """es.master_dtype=bfloat16: masters and momentum are bf16 (and sharded), an update changes them, and
+    the fraction of entries whose fp32 update is rounded away in bf16 is measured (printed)."""
+    from jaxcore.es_trainer import EggrollAlgorithm
+
+    path = tiny_dir("llama")
+    cfg = es_config(path, "es.master_dtype=bfloat16", "mesh.shard_min_size=1", "optimizer.learning_rate=1e-3")
+    algorithm = EggrollAlgorithm(jaxcore.load_hf(path), None, cfg)
+    before = {k: np.asarray(v.astype(np.float32)) for k, v in eggroll.perturbed_params(algorithm.model,
+                                                                                       algorithm.plan).items()}
+    fp32 = {k: np.asarray(v) for k, v in eggroll.perturbed_params(jaxcore.load_hf(path), algorithm.plan).items()}
+    fitness = np.random.default_rng(0).normal(size=16)
+    algorithm.opt_state, _ = eggroll.es_step(algorithm.model, algorithm.plan, algorithm.optimizer,
+                                             algorithm.opt_state, 0, fitness)
+    after = eggroll.perturbed_params(algorithm.model, algorithm.plan)
+    assert all(v.dtype == jax.numpy.bfloat16 and per_device_fraction(v) == 1 / 8 for v in after.values())
+    momentum = [x for x in jax.tree.leaves(algorithm.opt_state) if x.ndim]
+    assert len(momentum) == 14 and all(x.dtype == jax.numpy.bfloat16 for x in momentum)     # not promoted to fp32
+    changed = sum(int((np.asarray(v.astype(np.float32)) != before[k]).sum()) for k, v in after.items())
+    total = sum(v.size for v in after.values())
+    assert changed > 0
+    grads = eggroll.estimate_gradient(algorithm.plan, np.int32(0), eggroll.shape_fitness(fitness))
+    update = {k: 1e-3 * np.asarray(g) for k, g in grads.items()}       # first step (momentum 0): lr * g
+    intended = sum(int((fp32[k] + u != fp32[k]).sum()) for k, u in update.items())
+    lost = 1 - changed / intended
+    rms = np.sqrt(np.mean(np.concatenate([u.ravel() for u in update.values()]) ** 2))
+    weights = np.sqrt(np.mean(np.concatenate([w.ravel() for w in fp32.values()]) ** 2))
+    print(f"bf16 masters (SGD lr=1e-3, N=16, tiny llama: update rms {rms:.2e}, weight rms {weights:.2e}): "
+          f"{changed}/{total} entries changed, {lost:.1%} of the fp32 updates rounded away")
+    assert 0 < lost < 1
