@@ -30,7 +30,8 @@ def top_ops(trace_dir: Path, count: int) -> list[tuple[str, float, int]]:
     calls: dict[str, int] = collections.Counter()
     for e in events:
         name = e.get("name", "")
-        if e.get("ph") == "X" and "dur" in e and not name.startswith("$") and "::" not in name:  # XLA ops only
+        host = name.startswith(("$", "PjitFunction", "ParseArguments", "np.asarray", "PyArray")) or "::" in name
+        if e.get("ph") == "X" and "dur" in e and not host:                         # XLA ops only
             total[e["name"]] += e["dur"] / 1e3
             calls[e["name"]] += 1
     return [(n, round(t, 2), calls[n]) for n, t in sorted(total.items(), key=lambda kv: -kv[1])[:count]]
