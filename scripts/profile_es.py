@@ -41,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--what", default="population", choices=["population", "inference", "grpo"])
     parser.add_argument("--preset", default="bench")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default=None, help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)")
     parser.add_argument("--population", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=16)
@@ -54,7 +54,10 @@ def main() -> None:
     import jaxcore
     from jaxcore import eggroll
     from jaxcore.bench import BenchOptions, bench_checkpoint
+    from jaxcore.commands.bench import default_dtype
     from jaxcore.generate import generate
+
+    args.dtype = args.dtype or default_dtype(jax.default_backend())
 
     model = jaxcore.load_hf(bench_checkpoint(BenchOptions(preset=args.preset, dtype=args.dtype)), dtype=args.dtype)
     ids = np.random.default_rng(0).integers(3, model.config.vocab_size, (args.population, args.prompt_len))
