@@ -39,6 +39,12 @@ def test_bench_cli_quick_json(tmp_path):
         check_roofline(result[key], ("prefill", "decode"))
     # the population also reads its factors: more bytes than plain inference at the same batch
     assert result["es.population_roofline"]["bytes"] > result["es.inference_roofline"]["bytes"]
+    # one set of peaks per JSON: every entry is priced with the run's best measurement
+    roofline_keys = [k for k in result if k.endswith("_roofline")]
+    assert len(roofline_keys) == 5
+    for key in roofline_keys:
+        assert result[key]["peaks"] == {k: peaks[k] for k in ("bandwidth_bytes_per_s", "matmul_flops_per_s")}
+    assert len(result["peak_measurements"]) == 3                       # the first, then one per suite
     assert result["es.eggroll_over_naive"] > 0 and result["es.eggroll_over_naive_bound"] > 0
     assert 0 <= result["es.naive_materialise_share"] < 1
 

@@ -169,3 +169,17 @@ def test_peaks_for_keeps_the_best_measurement(monkeypatch):
     best = roofline.peaks_for("float32", refresh=True)
     assert (best["bandwidth_bytes_per_s"], best["matmul_flops_per_s"]) == (20.0, 50.0)
     assert best["measurements"] == 3 and len(roofline.peak_measurements("float32")) == 3
+
+
+def test_reprice_recomputes_entries_with_new_peaks():
+    roofline.forget_entries()
+    slow = {"bandwidth_bytes_per_s": 100.0, "matmul_flops_per_s": 1000.0}
+    phases = [("prefill", {"bytes": 100, "flops": 3000}), ("decode", {"bytes": 100, "flops": 50})]
+    entry = roofline.limit(phases, slow, measured_s=8.0)
+    assert entry["limit_s"] == pytest.approx(4.0) and entry["mfu"] == pytest.approx(3050 / 8.0 / 1000.0, rel=1e-3)
+    # twice the compute: the prefill drops to 1.5 s, the decode stays 1 s
+    assert roofline.reprice({"bandwidth_bytes_per_s": 100.0, "matmul_flops_per_s": 2000.0}) == 1
+    assert entry["limit_s"] == pytest.approx(2.5) and entry["fraction_of_limit"] == pytest.approx(2.5 / 8.0)
+    assert entry["phases"]["prefill"]["limit_s"] == pytest.approx(1.5) and entry["measured_s"] == 8.0
+    assert entry["peaks"]["matmul_flops_per_s"] == 2000.0
+    roofline.forget_entries()

@@ -202,11 +202,33 @@ def _sig(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
+_ENTRIES: list[tuple[dict[str, Any], Any]] = []          # every entry limit() made, with its work
+
+
 def limit(work: Phases | Work, peaks: dict[str, float], measured_s: float) -> dict[str, Any]:
     """Roofline entry: the time the hardware needs at best, what bounds it, and the measured fraction of it.
 
     `work` is one phase ({"bytes", "flops"}) or a list of (name, work) phases; the limit is the sum over
-    phases of max(bytes / bandwidth, flops / peak), reported per phase name under `phases`."""
+    phases of max(bytes / bandwidth, flops / peak), reported per phase name under `phases`. The entry is
+    remembered so that `reprice` can recompute it with a run's final peaks."""
+    entry = _price(work, peaks, measured_s)
+    _ENTRIES.append((entry, work))
+    return entry
+
+
+def reprice(peaks: dict[str, float]) -> int:
+    """Recompute, in place, every entry made by `limit` since `forget_entries` with these peaks (a run's
+    best measurement, so that all its fractions use the same peaks). Returns how many."""
+    for entry, work in _ENTRIES:
+        entry.update(_price(work, peaks, entry["measured_s"]))
+    return len(_ENTRIES)
+
+
+def forget_entries() -> None:
+    _ENTRIES.clear()
+
+
+def _price(work: Phases | Work, peaks: dict[str, float], measured_s: float) -> dict[str, Any]:
     bw, peak = peaks["bandwidth_bytes_per_s"], peaks["matmul_flops_per_s"]
     phases: Phases = [("step", work)] if isinstance(work, dict) else list(work)
     groups: dict[str, dict[str, Any]] = {}
@@ -229,6 +251,7 @@ def limit(work: Phases | Work, peaks: dict[str, float], measured_s: float) -> di
         **total, "limit_s": limit_s, "memory_s": total["bytes"] / bw, "compute_s": total["flops"] / peak,
         "bound": "memory" if memory_limited_s >= limit_s / 2 else "compute", "measured_s": measured_s,
         "fraction_of_limit": _sig(limit_s / measured_s) if measured_s > 0 else None,
+        "mfu": _sig(total["flops"] / measured_s / peak) if measured_s > 0 else None,
         "peaks": {"bandwidth_bytes_per_s": bw, "matmul_flops_per_s": peak}}
     if len(phases) > 1:
         entry["phases"] = groups

@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
 
     if any(s in suites for s in ("generate", "es", "grpo")):
-        from jaxcore.bench.roofline import peaks_for
+        from jaxcore.bench.roofline import forget_entries, peaks_for
 
+        forget_entries()
         results["peaks"] = peaks_for(options.dtype, options.quick)   # measured once, shared by every suite
         print(f"{'peaks':36s} {results['peaks']}", flush=True)
     for suite in suites:
@@ -72,10 +73,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key:36s} {value}", flush=True)
         results.update({k: v for k, v in numbers.items() if k not in ("device", "options", "peaks")})
         if "peaks" in results:
-            from jaxcore.bench.roofline import peak_measurements, peaks_for
+            from jaxcore.bench import roofline
 
-            results["peaks"] = peaks_for(options.dtype, options.quick)     # the best of the run so far
-            results["peak_measurements"] = peak_measurements(options.dtype, options.quick)
+            # every entry so far priced with the best peaks of the run so far: one set of peaks per JSON
+            results["peaks"] = roofline.peaks_for(options.dtype, options.quick)
+            results["peak_measurements"] = roofline.peak_measurements(options.dtype, options.quick)
+            roofline.reprice(results["peaks"])
+            for key in [k for k in results if k.endswith("_mfu") and k[:-4] + "_roofline" in results]:
+                results[key] = results[key[:-4] + "_roofline"]["mfu"]
         write()                                            # partial results survive a later suite's failure
     if args.json_path:
         print(f"wrote {args.json_path}")
