@@ -70,6 +70,18 @@ def best_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float
     return min(times)
 
 
+def interleaved_best_times(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Best time of each fn over `rounds`, alternating them round by round after one untimed warmup call
+    each (compilation), so that load from other processes on a shared machine hits every side alike."""
+    for fn in fns.values():
+        fn()
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], best_time(fn, repeats=1, warmup=0))
+    return best
+
+
 def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:
     """The documented bench model (written once under options.workdir; `quick` uses the tiny preset)."""
     from pathlib import Path

@@ -18,7 +18,7 @@ from jaxcore.bench import (
     REAL_SHAPES,
     BenchOptions,
     bench_checkpoint,
-    best_time,
+    interleaved_best_times,
     is_real_size,
     model_summary,
     roofline_entry,
@@ -88,9 +88,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
             torch.cuda.synchronize()
         return out
 
-    jax_s = best_time(jax_generate, repeats=3)
-    prefill_s = best_time(prefill_call(model, ids, mask, s["new_tokens"]), repeats=3)
-    hf_s = best_time(hf_generate, repeats=3)
+    # alternated round by round, so that load from other processes on a shared machine hits every side alike
+    times = interleaved_best_times({"jax": jax_generate, "prefill": prefill_call(model, ids, mask, s["new_tokens"]),
+                                    "hf": hf_generate}, rounds=3)
+    jax_s, prefill_s, hf_s = times["jax"], times["prefill"], times["hf"]
     peaks_for(options.dtype, options.quick, refresh=True)      # re-measured next to the timings (max kept)
     tokens = s["batch"] * s["new_tokens"]
     gen_shape = dict(batch=s["batch"], prompt_len=s["prompt_len"], new_tokens=s["new_tokens"])

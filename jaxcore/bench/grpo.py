@@ -18,8 +18,8 @@ from jaxcore.bench import (
     REAL_SHAPES,
     BenchOptions,
     bench_checkpoint,
-    best_time,
     device_info,
+    interleaved_best_times,
     is_real_size,
     model_summary,
     torch_device,
@@ -93,18 +93,6 @@ def jax_step(model: Any, batch: GRPOBatch, cfg: GRPOTrainConfig) -> Callable[[],
     learner = GRPOLearner(model, cfg)
     prepared = learner.prepare(batch)
     return lambda: learner.step(prepared)
-
-
-def interleaved_best_times(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Best time of each fn over `rounds`, alternating them round by round after one untimed warmup call
-    each (compilation), so that load from other processes on a shared machine hits every side alike."""
-    for fn in fns.values():
-        fn()
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            best[name] = min(best[name], best_time(fn, repeats=1, warmup=0))
-    return best
 
 
 def shapes(options: BenchOptions, params: int) -> tuple[int, int, int]:
