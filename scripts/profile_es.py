@@ -1,7 +1,12 @@
-"""Top ops by time in one EGGROLL population generation, from a jax.profiler (perfetto) trace.
+"""Top ops by time in one EGGROLL population generation (or, to compare, plain batched inference or a
+GRPO step), from a jax.profiler (perfetto) trace.
 
     python scripts/profile_es.py --preset bench --population 256 --new-tokens 16 --out runs/profile_es
-    python scripts/profile_es.py --preset qwen2.5-0.5b --dtype bfloat16 --new-tokens 64     # GPU
+    python scripts/profile_es.py --preset qwen2.5-0.5b --dtype bfloat16 --prompt-len 64 --new-tokens 64   # GPU
+    python scripts/profile_es.py --what inference ...     # the same rows through the unperturbed model
+    python scripts/profile_es.py --what grpo --preset qwen2.5-0.5b --dtype bfloat16   # one GRPO step (bench shape)
+
+Set XLA_FLAGS=--xla_dump_to=DIR to map the fusion names printed here to their HLO.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ def top_ops(trace_dir: Path, count: int) -> list[tuple[str, float, int]]:
     calls: dict[str, int] = collections.Counter()
     for e in events:
         name = e.get("name", "")
-        if e.get("ph") == "X" and "dur" in e and not name.startswith("$") and "::" not in name:  # XLA ops only
+        host = name.startswith(("$", "PjitFunction", "ParseArguments", "np.asarray", "PyArray")) or "::" in name
+        if e.get("ph") == "X" and "dur" in e and not host:                         # XLA ops only
             total[e["name"]] += e["dur"] / 1e3
             calls[e["name"]] += 1
     return [(n, round(t, 2), calls[n]) for n, t in sorted(total.items(), key=lambda kv: -kv[1])[:count]]
@@ -33,8 +39,9 @@ def top_ops(trace_dir: Path, count: int) -> list[tuple[str, float, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--what", default="population", choices=["population", "inference", "grpo"])
     parser.add_argument("--preset", default="bench")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default=None, help="compute dtype (default: bfloat16 on a GPU, float32 on CPU)")
     parser.add_argument("--population", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=16)
@@ -47,17 +54,30 @@ def main() -> None:
     import jaxcore
     from jaxcore import eggroll
     from jaxcore.bench import BenchOptions, bench_checkpoint
+    from jaxcore.commands.bench import default_dtype
     from jaxcore.generate import generate
+
+    args.dtype = args.dtype or default_dtype(jax.default_backend())
 
     model = jaxcore.load_hf(bench_checkpoint(BenchOptions(preset=args.preset, dtype=args.dtype)), dtype=args.dtype)
     ids = np.random.default_rng(0).integers(3, model.config.vocab_size, (args.population, args.prompt_len))
     ids = ids.astype(np.int32)
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=args.population, rank=1, sigma=1e-3))
 
-    def step() -> None:
-        pop = eggroll.population(model, plan, 0)
-        jax.block_until_ready(generate(pop, ids, np.ones_like(ids), max_new_tokens=args.new_tokens,
-                                       temperature=0.0))
+    if args.what == "grpo":
+        from jaxcore.bench.grpo import jax_step, shapes, synthetic_batch
+        from jaxcore.bench.roofline import model_shape
+        from jaxcore.grpo_step import GRPOTrainConfig
+
+        opts = BenchOptions(preset=args.preset, dtype=args.dtype)
+        rows, prompt_len, completion_len = shapes(opts, model_shape(model).total_params())
+        batch = synthetic_batch(model.config.vocab_size, rows, prompt_len, completion_len)
+        step = jax_step(model, batch, GRPOTrainConfig(max_completion_length=completion_len))
+    else:
+        def step() -> None:
+            gen_model = eggroll.population(model, plan, 0) if args.what == "population" else model
+            jax.block_until_ready(generate(gen_model, ids, np.ones_like(ids), max_new_tokens=args.new_tokens,
+                                           temperature=0.0))
 
     step()                                                   # compile outside the trace
     out = Path(args.out)

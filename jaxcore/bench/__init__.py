@@ -19,7 +19,7 @@ SUITES = ("generate", "es", "grpo", "rft")
 class BenchOptions:
     preset: str = "bench"            # tiny checkpoint preset (jaxcore.tiny.PRESETS)
     family: str = "llama"
-    dtype: str = "float32"           # jaxcore compute dtype ("bfloat16" on GPU)
+    dtype: str = "float32"           # jaxcore compute dtype (`jaxcore bench` defaults to bfloat16 on GPU)
     quick: bool = False              # smaller shapes, for tests
     workdir: str = "runs/bench"
 
@@ -34,16 +34,19 @@ def is_real_size(options: BenchOptions) -> bool:
 
 
 def roofline_entry(model: Any, options: BenchOptions, measured_s: float, *, batch: int, prompt_len: int,
-                   new_tokens: int, factor_targets: Any = (), rank: int = 1) -> dict[str, Any]:
-    """Roofline of one generation call (prefill + decode) against this run's measured peaks."""
+                   new_tokens: int, factor_targets: Any = (), rank: int = 1, decode_only: bool = False
+                   ) -> dict[str, Any]:
+    """Roofline of one generation call against this run's measured peaks: the prefill and every decode
+    step as separate phases (`decode_only`: the decode steps alone, for a time that excludes the prefill)."""
     import jax.numpy as jnp
 
     from jaxcore.bench import roofline
 
-    peaks = roofline.peaks_for(options.dtype)
-    work = roofline.generation(roofline.model_shape(model), batch, prompt_len, new_tokens,
-                               jnp.dtype(options.dtype).itemsize, factor_targets=factor_targets, rank=rank)
-    return roofline.limit(work, peaks, measured_s)
+    peaks = roofline.peaks_for(options.dtype, options.quick)
+    build = roofline.decode_phases if decode_only else roofline.generation
+    phases = build(roofline.model_shape(model), batch, prompt_len, new_tokens, jnp.dtype(options.dtype).itemsize,
+                   factor_targets=factor_targets, rank=rank)
+    return roofline.limit(phases, peaks, measured_s)
 
 
 def device_info() -> dict[str, Any]:
@@ -65,6 +68,18 @@ def best_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def interleaved_best_times(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Best time of each fn over `rounds`, alternating them round by round after one untimed warmup call
+    each (compilation), so that load from other processes on a shared machine hits every side alike."""
+    for fn in fns.values():
+        fn()
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], best_time(fn, repeats=1, warmup=0))
+    return best
 
 
 def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:

@@ -7,6 +7,11 @@ es.eggroll_over_naive: naive full-rank ES, which materialises W + sigma * E for 
     EGGROLL. The naive time is measured on `naive_members` members and scaled to the population.
 es.memory_over_inference: peak memory XLA plans for the population's prefill and decode over plain
     inference at the same batch.
+es.eggroll_over_naive_bound: the hardware's bound on es.eggroll_over_naive, batched-over-batch-1
+    inference: population * (time of one plain batch-1 generate) / (time of the plain batched generate).
+    EGGROLL is at best as fast as plain batched inference and each naive member costs at least one
+    batch-1 generate, so the ratio cannot exceed this by more than the naive side's materialisation
+    share (es.naive_materialise_share, measured too).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from jaxcore.bench import (
     REAL_SHAPES,
     BenchOptions,
     bench_checkpoint,
-    best_time,
     compiled_bytes,
+    interleaved_best_times,
     is_real_size,
     model_summary,
     roofline_entry,
 )
+from jaxcore.bench.roofline import peaks_for
 
 
 def shapes(options: BenchOptions) -> dict[str, int]:
@@ -34,7 +40,7 @@ def shapes(options: BenchOptions) -> dict[str, int]:
         return {"population": REAL_SHAPES["batch"], "prompt_len": REAL_SHAPES["prompt_len"],
                 "new_tokens": REAL_SHAPES["new_tokens"], "naive_members": 2, "rank": 1}
     if options.quick:
-        return {"population": 16, "prompt_len": 8, "new_tokens": 16, "naive_members": 2, "rank": 1}
+        return {"population": 16, "prompt_len": 16, "new_tokens": 16, "naive_members": 2, "rank": 1}
     return {"population": 256, "prompt_len": 16, "new_tokens": 64, "naive_members": 4, "rank": 1}
 
 
@@ -86,8 +92,13 @@ def run(options: BenchOptions) -> dict[str, Any]:
     def plain_generate():
         return jax.block_until_ready(gen(model, ids, mask))
 
-    pop_s = best_time(population_generate, repeats=2)
-    plain_s = best_time(plain_generate, repeats=2)
+    def batch1_generate():                            # one plain batch-1 generate: the bound's denominator side
+        return jax.block_until_ready(gen(model, ids[:1], mask[:1]))
+
+    # alternated round by round, so that load from other processes on a shared machine hits every side alike
+    times = interleaved_best_times({"population": population_generate, "plain": plain_generate,
+                                    "batch1": batch1_generate}, rounds=2)
+    pop_s, plain_s, batch1_s = times["population"], times["plain"], times["batch1"]
 
     base = {t.path: variable_at(model, t.path).get_value() for t in plan.targets}
 
@@ -108,6 +119,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     naive_s = (time.perf_counter() - start) / s["naive_members"] * n
     for path, value in base.items():
         variable_at(model, path).set_value(value)
+    # the hardware's bound on eggroll_over_naive: batched over batch-1 plain inference
+    naive_bound = n * batch1_s / plain_s
+    peaks_for(options.dtype, options.quick, refresh=True)      # re-measured next to the timings (max kept)
 
     pop_bytes = generate_bytes(eggroll.population(model, plan, 0), ids, s["new_tokens"])
     plain_bytes = generate_bytes(model, ids, s["new_tokens"])
@@ -123,6 +137,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
                                                            prompt_len=s["prompt_len"], new_tokens=s["new_tokens"])}
     return {"es.eggroll_over_inference": round(plain_s / pop_s, 3),
             "es.eggroll_over_naive": round(naive_s / pop_s, 1),
+            "es.eggroll_over_naive_bound": round(naive_bound, 1),
+            "es.naive_materialise_share": round(max(0.0, 1 - batch1_s * n / naive_s), 3),
+            "es.batch1_generate_s": batch1_s,
             "es.memory_over_inference": round(pop_bytes["peak"] / plain_bytes["peak"], 3),
             "es.population_tokens_per_s": round(n * s["new_tokens"] / pop_s, 1),
             "es.inference_tokens_per_s": round(n * s["new_tokens"] / plain_s, 1),

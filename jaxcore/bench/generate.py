@@ -2,6 +2,10 @@
 
 Greedy decoding of `new_tokens` tokens for `batch` prompts of `prompt_len` tokens, no EOS, so both
 produce exactly batch * new_tokens tokens. JAX compile time is excluded by a warm-up call.
+
+Roofline: `generate.jax_roofline` is the whole call (prefill + decode steps); `generate.decode_roofline`
+is the decode loop alone, measured as the call's time minus the prefill's (timed on its own: the same
+compute-dtype cast and jitted prefill that generate() runs before its decode loop).
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from jaxcore.bench import (
     REAL_SHAPES,
     BenchOptions,
     bench_checkpoint,
-    best_time,
+    interleaved_best_times,
     is_real_size,
     model_summary,
     roofline_entry,
     torch_device,
 )
+from jaxcore.bench.roofline import peaks_for
 
 
 def shapes(options: BenchOptions) -> dict[str, int]:
@@ -28,6 +33,28 @@ def shapes(options: BenchOptions) -> dict[str, int]:
     if options.quick:
         return {"batch": 8, "prompt_len": 16, "new_tokens": 16}
     return {"batch": 32, "prompt_len": 32, "new_tokens": 64}
+
+
+def prefill_call(model: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int) -> Any:
+    """What generate() does before its decode loop (bucket padding, compute-dtype cast, jitted prefill),
+    as a blocking zero-argument call."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxcore.generate import _cast_floating, _prefill, bucket_length, pad_left
+
+    length = bucket_length(ids.shape[1])
+    ids_p, mask_p = (jnp.asarray(x) for x in pad_left(ids, mask, length, 0))
+    graphdef, state = nnx.split(model)
+
+    def call() -> Any:
+        st = state
+        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(st)):
+            st = _cast_floating(st, model.dtype)
+        return jax.block_until_ready(_prefill(graphdef, st, ids_p, mask_p, cache_length=length + new_tokens))
+
+    return call
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
@@ -61,15 +88,21 @@ def run(options: BenchOptions) -> dict[str, Any]:
             torch.cuda.synchronize()
         return out
 
-    jax_s = best_time(jax_generate, repeats=3)
-    hf_s = best_time(hf_generate, repeats=3)
+    # alternated round by round, so that load from other processes on a shared machine hits every side alike
+    times = interleaved_best_times({"jax": jax_generate, "prefill": prefill_call(model, ids, mask, s["new_tokens"]),
+                                    "hf": hf_generate}, rounds=3)
+    jax_s, prefill_s, hf_s = times["jax"], times["prefill"], times["hf"]
+    peaks_for(options.dtype, options.quick, refresh=True)      # re-measured next to the timings (max kept)
     tokens = s["batch"] * s["new_tokens"]
+    gen_shape = dict(batch=s["batch"], prompt_len=s["prompt_len"], new_tokens=s["new_tokens"])
     agree = float((hf_generate()[:, s["prompt_len"]:].cpu().numpy() == np.asarray(jax_generate().tokens)).mean())
     return {"generate.jax_over_hf": round(hf_s / jax_s, 3),
             "generate.jax_tokens_per_s": round(tokens / jax_s, 1),
             "generate.hf_tokens_per_s": round(tokens / hf_s, 1),
             "generate.greedy_token_agreement": round(agree, 4),
-            "generate.jax_roofline": roofline_entry(model, options, jax_s, batch=s["batch"],
-                                                    prompt_len=s["prompt_len"], new_tokens=s["new_tokens"]),
+            "generate.jax_roofline": roofline_entry(model, options, jax_s, **gen_shape),
+            "generate.prefill_s": prefill_s,
+            "generate.decode_roofline": roofline_entry(model, options, jax_s - prefill_s, decode_only=True,
+                                                       **gen_shape),
             "generate.shape": {**s, **model_summary(model), "torch_threads": torch.get_num_threads(),
                                "torch_device": device}}

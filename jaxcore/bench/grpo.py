@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.bench import BenchOptions, bench_checkpoint, best_time, device_info, model_summary, torch_device
+from jaxcore.bench import (
+    REAL_SHAPES,
+    BenchOptions,
+    bench_checkpoint,
+    device_info,
+    interleaved_best_times,
+    is_real_size,
+    model_summary,
+    torch_device,
+)
 from jaxcore.grpo import compute_advantages
 from jaxcore.grpo_learner import GRPOLearner
 from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig, build_batch
@@ -86,43 +95,49 @@ def jax_step(model: Any, batch: GRPOBatch, cfg: GRPOTrainConfig) -> Callable[[],
     return lambda: learner.step(prepared)
 
 
-def interleaved_best_times(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Best time of each fn over `rounds`, alternating them round by round after one untimed warmup call
-    each (compilation), so that load from other processes on a shared machine hits every side alike."""
-    for fn in fns.values():
-        fn()
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            best[name] = min(best[name], best_time(fn, repeats=1, warmup=0))
-    return best
+def shapes(options: BenchOptions, params: int) -> tuple[int, int, int]:
+    """(rows, prompt_len, completion_len) of the benchmarked GRPO batch.
+
+    quick: 4 x (8 + 24) on the tiny model; bench (CPU): 8 x (32 + 96). Real-size presets train on
+    item 2's rollout shape, prompt 64 + 256 completion tokens, with rows scaled down as the model grows
+    so one step stays a few seconds and fits one 80 GB GPU next to the torch reference (fp32 masters,
+    AdamW state and the [rows, 320, vocab] logits): 32 rows below 300M parameters (SmolLM2-135M),
+    16 below 1B (Qwen2.5-0.5B), 8 below 3B (Qwen2.5-1.5B), 2 beyond."""
+    if options.quick:
+        return 4, 8, 24
+    if not is_real_size(options):
+        return 8, 32, 96
+    rows = 32 if params < 3e8 else 16 if params < 1e9 else 8 if params < 3e9 else 2
+    return rows, REAL_SHAPES["prompt_len"], REAL_SHAPES["new_tokens"]
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
-    """`grpo.jax_over_torch`: torch step time / jaxcore step time on the same batch and shapes."""
-    import jaxcore
+    """`grpo.jax_over_torch`: torch step time / jaxcore step time on the same batch and shapes;
+    `grpo.jax_mfu`: the jaxcore step's matmul FLOPs per second over the measured peak matmul throughput."""
+    import jax.numpy as jnp
 
-    batch_size, prompt_len, completion_len = (4, 8, 24) if options.quick else (8, 32, 96)
-    rounds = 2 if options.quick else 8
+    import jaxcore
+    from jaxcore.bench import roofline
+
     path = bench_checkpoint(options)
     model = jaxcore.load_hf(path, dtype=options.dtype)
+    shape = roofline.model_shape(model)
+    batch_size, prompt_len, completion_len = shapes(options, shape.total_params())
+    rounds = 2 if options.quick else 8 if not is_real_size(options) else 4
     batch = synthetic_batch(model.config.vocab_size, batch_size, prompt_len, completion_len)
     cfg = GRPOTrainConfig(max_completion_length=completion_len)
     times = interleaved_best_times({"jax": jax_step(model, batch, cfg),
                                     "torch": torch_step(path, batch, cfg, options.dtype)}, rounds)
-    import jax.numpy as jnp
-
-    from jaxcore.bench import roofline
-
-    work = roofline.train_step(roofline.model_shape(model), batch_size, prompt_len + completion_len,
-                               jnp.dtype(options.dtype).itemsize)
-    peaks = roofline.peaks_for(options.dtype)
+    work = roofline.train_step(shape, batch_size, prompt_len + completion_len, jnp.dtype(options.dtype).itemsize)
+    peaks = roofline.peaks_for(options.dtype, options.quick, refresh=True)   # re-measured next to the timings
+    # MFU: step FLOPs per second over the measured peak matmul throughput (the GRPO target's measure)
+    jax_entry, torch_entry = (roofline.limit(work, peaks, times[side]) for side in ("jax", "torch"))
     return {"grpo.jax_over_torch": times["torch"] / times["jax"], "grpo.jax_step_s": times["jax"],
             "grpo.torch_step_s": times["torch"],
-            "grpo.jax_roofline": roofline.limit(work, peaks, times["jax"]),
-            "grpo.torch_roofline": roofline.limit(work, peaks, times["torch"]),
+            "grpo.jax_mfu": jax_entry["mfu"], "grpo.torch_mfu": torch_entry["mfu"],
+            "grpo.jax_roofline": jax_entry, "grpo.torch_roofline": torch_entry,
             "grpo.batch": f"{batch_size}x{prompt_len + completion_len}",
-            "grpo.model": model_summary(model), **device_info()}
+            "grpo.model": model_summary(model), "grpo.device": device_info()}
 
 
 def _train_curves(path: Path, dtype: str, batches: list[GRPOBatch], steps: int, cfg: GRPOTrainConfig

@@ -65,4 +65,4 @@ def run(options: BenchOptions) -> dict[str, Any]:
             "rft.jax_completions_per_s": jx["completions_per_s"], "rft.hf_completions_per_s": hf["completions_per_s"],
             "rft.jax_tokens_per_s": jx["tokens_per_s"], "rft.hf_tokens_per_s": hf["tokens_per_s"],
             "rft.shape": f"{n_questions}q x K={k} x {max_new_tokens} new tokens", "rft.preset": preset,
-            "rft.family": options.family, "rft.dtype": options.dtype, **device_info()}
+            "rft.family": options.family, "rft.dtype": options.dtype, "rft.device": device_info()}

@@ -1,9 +1,13 @@
 """Benchmarks that report ratios against a reference measured side by side in the same run.
 
 examples:
-  jaxcore bench --suite all --json runs/bench.json
-  jaxcore bench --suite generate --dtype bfloat16 --preset smollm2-135m      # on a GPU
-  jaxcore bench --suite es --quick                                           # small shapes, fast
+  jaxcore bench --suite all --json runs/bench.json                 # CPU: the ~34M bench model, fp32
+  jaxcore bench --suite generate,es,grpo --preset qwen2.5-0.5b     # on a GPU (bf16 by default there)
+  jaxcore bench --suite es --quick                                 # small shapes, fast
+
+Every generate/ES/GRPO figure carries a roofline entry (bytes, FLOPs, fraction_of_limit) against the
+bandwidth and matmul peaks measured in the same run (`peaks` in the JSON). The JSON is rewritten
+after every suite, so a run that dies part-way keeps the suites it finished.
 
 suites: generate (jaxcore vs HF generate), es (EGGROLL vs plain inference / naive ES, memory),
 grpo (one optimisation step, torch vs jaxcore), rft (datagen throughput, jax engine vs HF).
@@ -23,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bench model preset: tiny, bench (CPU), smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, "
                              "llama3-8b (random weights), smollm2-135m-instruct (models/ if installed)")
     parser.add_argument("--family", default="llama", choices=["llama", "qwen2", "qwen3", "gpt2"])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                        help="compute dtype (default: bfloat16 when JAX's backend is a GPU, float32 on CPU)")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes (for tests)")
     parser.add_argument("--workdir", default="runs/bench", help="where bench models are written")
 
@@ -40,27 +45,48 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise UserError(f"unknown suite(s) {', '.join(unknown)}; choose from all, {', '.join(SUITES)}")
-    if args.dtype == "float32":
-        import jax
+    import jax
 
+    dtype = args.dtype or default_dtype(jax.default_backend())
+    if dtype == "float32":
         # Like torch's default (no TF32 in matmuls): fp32 means fp32 on both sides of every ratio.
         jax.config.update("jax_default_matmul_precision", "highest")
-    options = BenchOptions(preset=args.preset, family=args.family, dtype=args.dtype, quick=args.quick,
+    options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
                            workdir=args.workdir)
     results: dict = {"device": device_info(), "options": vars(options)}
-    if any(s in suites for s in ("generate", "es", "grpo")):
-        from jaxcore.bench.roofline import peaks_for
 
-        results["peaks"] = peaks_for(options.dtype)      # measured once, shared by every suite's roofline
+    def write() -> None:
+        if args.json_path:
+            Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
+
+    if any(s in suites for s in ("generate", "es", "grpo")):
+        from jaxcore.bench.roofline import forget_entries, peaks_for
+
+        forget_entries()
+        results["peaks"] = peaks_for(options.dtype, options.quick)   # measured once, shared by every suite
         print(f"{'peaks':36s} {results['peaks']}", flush=True)
     for suite in suites:
         print(f"== {suite}", flush=True)
         numbers = importlib.import_module(f"jaxcore.bench.{suite}").run(options)
         for key, value in numbers.items():
             print(f"{key:36s} {value}", flush=True)
-        results.update(numbers)
+        results.update({k: v for k, v in numbers.items() if k not in ("device", "options", "peaks")})
+        if "peaks" in results:
+            from jaxcore.bench import roofline
+
+            # every entry so far priced with the best peaks of the run so far: one set of peaks per JSON
+            results["peaks"] = roofline.peaks_for(options.dtype, options.quick)
+            results["peak_measurements"] = roofline.peak_measurements(options.dtype, options.quick)
+            roofline.reprice(results["peaks"])
+            for key in [k for k in results if k.endswith("_mfu") and k[:-4] + "_roofline" in results]:
+                results[key] = results[key[:-4] + "_roofline"]["mfu"]
+        write()                                            # partial results survive a later suite's failure
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json_path}")
     return 0
+
+
+def default_dtype(backend: str) -> str:
+    """bf16 compute on a GPU (the issue-12 targets are bf16), fp32 on CPU (no fast bf16 GEMMs there)."""
+    return "bfloat16" if backend in ("gpu", "cuda", "rocm") else "float32"
