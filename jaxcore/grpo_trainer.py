@@ -93,15 +93,6 @@ def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray
     return rewards_B
 
 
-def gather_rows(array: jax.Array) -> np.ndarray:
-    """A row-sharded global array in full on this host (all-gathered across processes)."""
-    if array.is_fully_addressable:
-        return np.asarray(array)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-
-
 def finite(step: dict[str, float]) -> bool:
     """Whether an optimiser step's loss and gradient norm are finite (the learner skipped it if not)."""
     return bool(np.isfinite(step["loss"]) and np.isfinite(step["grad_norm"]))
@@ -211,12 +202,12 @@ class GRPOAlgorithm:
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: Any, advantages_B: np.ndarray) -> GRPOBatch:
         """The learner's batch; with mu > 1 at temperature 1 the rollout log-probs become `old_logp`."""
         g = self.cfg.rollout.generations_per_prompt
-        tokens, lengths = gather_rows(result.tokens), gather_rows(result.lengths)
+        tokens, lengths = sharding.gather_rows(result.tokens), sharding.gather_rows(result.lengths)
         completion_mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
                             self.eos_token_ids)
         if self.learner.needs_old_logp() and self.learner.cfg.temperature == 1.0:
-            logprobs = np.where(completion_mask, gather_rows(result.logprobs), 0.0).astype(np.float32)
+            logprobs = np.where(completion_mask, sharding.gather_rows(result.logprobs), 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
         return batch
 

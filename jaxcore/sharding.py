@@ -211,3 +211,13 @@ def load_targets(cfg: Any) -> dict[str, Any]:
     except ValueError:
         pass
     return {}
+
+
+def gather_rows(array: Any) -> np.ndarray:
+    """A (row-sharded) global array in full on this host: read locally when this process holds all of it
+    (or it is replicated), else all-gathered across processes."""
+    if not isinstance(array, jax.Array) or array.is_fully_addressable or array.is_fully_replicated:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))

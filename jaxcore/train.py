@@ -106,7 +106,8 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
                           eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
                           row_sharding=row_sharding)
-        texts.extend(decode_completions(tokenizer, _host(result.tokens)[:rows], _host(result.lengths)[:rows]))
+        texts.extend(decode_completions(tokenizer, sharding.gather_rows(result.tokens)[:rows],
+                                             sharding.gather_rows(result.lengths)[:rows]))
     scores = scorer.score(texts, examples)
     out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
     for name, values in scores.per_function.items():
@@ -121,15 +122,6 @@ def _row_shards(row_sharding: Any) -> int:
     axes = spec[0] if len(spec) else None
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
     return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
-
-
-def _host(x: Any) -> np.ndarray:
-    """A global array on the host in full (gathered from every process when rows are sharded across hosts)."""
-    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
 
 
 def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None) -> Any:
