@@ -59,19 +59,24 @@ MASTER_DTYPES = ("float32", "bfloat16")
 
 
 def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = 2**14) -> None:
-    """Master weights FSDP-sharded over every device of `mesh` (in `dtype`), in place: each device
-    then updates only its slice, and the optimizer state (initialised from them) follows."""
-    eggroll.write_params(model, sharding.shard_params(
-        flat_state(model), lambda path, shape: sharding.master_spec(shape, mesh, min_size), mesh, dtype=dtype))
+    """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
+    each device then updates only its slice, and the optimizer state (initialised from them) follows.
+    Leaves already in place (loaded straight into the masters' layout) are left alone, not copied."""
+    def target(path: str, shape: tuple[int, ...]) -> jax.sharding.NamedSharding:
+        return jax.sharding.NamedSharding(mesh, sharding.master_spec(path, shape, mesh, min_size))
+
+    flat = flat_state(model)
+    moved = {path: value for path, value in flat.items()
+             if not (isinstance(value, jax.Array) and value.dtype == jax.numpy.dtype(dtype)
+                     and value.sharding.is_equivalent_to(target(path, tuple(value.shape)), value.ndim))}
+    if moved:
+        eggroll.write_params(model, sharding.shard_params(
+            moved, lambda path, shape: target(path, shape).spec, mesh, dtype=dtype))
 
 
-def init_opt_state(optimizer: Any, params: dict[str, jax.Array], mesh: jax.sharding.Mesh,
-                   min_size: int = 2**14) -> Any:
-    """The optimizer state sharded like the masters (each leaf by its shape; scalars replicated)."""
-    abstract = jax.eval_shape(optimizer.init, params)
-    shardings = jax.tree.map(
-        lambda x: jax.sharding.NamedSharding(mesh, sharding.master_spec(tuple(x.shape), mesh, min_size)), abstract)
-    return jax.jit(optimizer.init, out_shardings=shardings)(params)
+def init_opt_state(optimizer: Any, params: dict[str, jax.Array], mesh: jax.sharding.Mesh) -> Any:
+    """The optimizer state sharded like the masters it mirrors (step counters replicated)."""
+    return jax.jit(optimizer.init, out_shardings=sharding.optimizer_state_shardings(optimizer, params, mesh))(params)
 
 
 def compute_model(model: Any, mesh: jax.sharding.Mesh) -> Any:
@@ -114,8 +119,7 @@ class EggrollAlgorithm:
         schedule = make_schedule(cfg.optimizer, cfg.train.epochs)
         self.optimizer = eggroll.make_optimizer(cfg.optimizer.name, schedule, weight_decay=cfg.optimizer.weight_decay,
                                                 momentum=cfg.optimizer.momentum)
-        self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh,
-                                        min_size)
+        self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh)
 
     def eval_model(self) -> Any:
         """The model evaluation runs: compute-dtype weights tensor-parallel over "model" (never the

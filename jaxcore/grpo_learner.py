@@ -39,7 +39,7 @@ from jaxcore.grpo_step import (
     policy_logps,
 )
 from jaxcore.model import Transformer
-from jaxcore.sharding import fsdp_shardings, replicated
+from jaxcore.sharding import fsdp_shardings, optimizer_state_shardings, replicated
 
 RefModel = Transformer | Callable[[], Transformer] | None
 
@@ -88,10 +88,8 @@ class GRPOLearner:
             if mesh is not None:
                 params = jax.device_put(params, replicated(mesh))
             self.frozen = base
-        opt_state = jax.jit(self.optimizer.init)(params)
-        if mesh is not None:   # moments follow the params' sharding; step counters start on one device
-            opt_state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else
-                                     jax.device_put(x, replicated(mesh)), opt_state)
+        opt_shardings = None if mesh is None else optimizer_state_shardings(self.optimizer, params, mesh)
+        opt_state = jax.jit(self.optimizer.init, out_shardings=opt_shardings)(params)   # moments like the params
         step0 = jnp.zeros((), jnp.int32) if mesh is None else jax.device_put(jnp.zeros((), jnp.int32),
                                                                              replicated(mesh))
         self.state = TrainState(step0, params, opt_state)

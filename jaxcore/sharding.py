@@ -126,10 +126,52 @@ def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size
     return P(*dims)
 
 
-def master_spec(shape: tuple[int, ...], mesh: Mesh, min_size: int = 2**14) -> P:
-    """fp32 masters and optimizer state: FSDP over every device of the mesh (all axes flattened)."""
-    return fsdp_spec(shape, mesh.axis_names if len(mesh.axis_names) > 1 else mesh.axis_names[0],  # type: ignore[arg-type]
-                     mesh.size, min_size)
+def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_size: int,
+                     min_size: int = 2**14) -> P:
+    """fp32 masters and optimizer state on a (pop, model) mesh of `pop_size * model_size` devices.
+
+    A weight with a tensor-parallel dimension is split along it over "model" exactly as its compute copy
+    is, and over "pop" along its most major dimension that divides (the tensor-parallel one itself, as
+    ("model", "pop"), when that comes first): each device's slice then lies inside its compute slice, and
+    re-assembling the compute weights is a contiguous gather over "pop", never a full weight. Every other
+    leaf is split over all devices along its most major dimension that divides (contiguous gathers
+    again); leaves smaller than `min_size` stay replicated.
+    """
+    devices = pop_size * model_size
+    if math.prod(shape) < min_size or devices == 1:
+        return P()
+    tp = tuple(tensor_parallel_spec(path, shape, MODEL, model_size))
+    tp_dim = next((d for d, axis in enumerate(tp) if axis), None)
+    dims: list[Any] = list(tp) + [None] * (len(shape) - len(tp))
+    if tp_dim is None:
+        major = next((d for d in range(len(shape)) if shape[d] % devices == 0), None)
+        if major is not None:
+            dims[major] = (POP, MODEL)
+        return P(*dims)
+    for d in range(len(shape)) if pop_size > 1 else ():
+        if d == tp_dim and shape[d] % devices == 0:
+            dims[d] = (MODEL, POP)
+            break
+        if d != tp_dim and shape[d] % pop_size == 0:
+            dims[d] = POP
+            break
+    return P(*dims)
+
+
+def master_spec(path: str, shape: tuple[int, ...], mesh: Mesh, min_size: int = 2**14) -> P:
+    """`master_partition` on an ES mesh (`es_mesh`)."""
+    return master_partition(path, shape, mesh.shape[POP], mesh.shape[MODEL], min_size)
+
+
+def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
+    """Shardings for `optimizer.init(params)`: every params-shaped part (moments, momentum) sharded like
+    the params it mirrors, the rest (step counters) replicated. `jit(optimizer.init)` alone would not
+    follow the params: its zeros do not depend on them, so XLA replicates them."""
+    import optax
+
+    abstract = jax.eval_shape(optimizer.init, params)
+    return optax.tree_utils.tree_map_params(optimizer, lambda _, p: p.sharding, abstract, params,
+                                            transform_non_params=lambda _: replicated(mesh))
 
 
 def factor_specs(w_spec: P, row_axis: str | None) -> tuple[P, P]:
@@ -141,12 +183,15 @@ def factor_specs(w_spec: P, row_axis: str | None) -> tuple[P, P]:
 def shard_params(flat: dict[str, Any], spec_of: Any, mesh: Mesh, dtype: Any = None) -> dict[str, jax.Array]:
     """Each parameter at NamedSharding(mesh, spec_of(path, shape)), floats cast to `dtype` (if given).
 
-    Device arrays are resharded in one compiled program (XLA gathers/slices as needed); host arrays
-    are placed per tensor, each device receiving only its slice.
+    Device arrays are cast where they are (each device its own slice), then resharded in one compiled
+    program (XLA gathers/slices as needed, moving compute-dtype bytes); host arrays are placed per
+    tensor, each device receiving only its slice.
     """
     targets = tuple((path, NamedSharding(mesh, spec_of(path, tuple(v.shape)))) for path, v in flat.items())
     if all(isinstance(v, jax.Array) for v in flat.values()):
-        return _resharder(targets, None if dtype is None else np.dtype(dtype).name)(flat)
+        if dtype is not None:
+            flat = _caster(np.dtype(dtype).name)(flat)
+        return _resharder(targets)(flat)
     out = {}
     for path, target in targets:
         value = np.asarray(flat[path])
@@ -155,12 +200,16 @@ def shard_params(flat: dict[str, Any], spec_of: Any, mesh: Mesh, dtype: Any = No
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _caster(dtype: str) -> Any:
+    """Cast every float leaf to `dtype` in place (elementwise: each output keeps its input's sharding)."""
+    return jax.jit(lambda flat: {k: v.astype(dtype) if jax.numpy.issubdtype(v.dtype, jax.numpy.floating) else v
+                                 for k, v in flat.items()})
+
+
 @functools.lru_cache(maxsize=16)
-def _resharder(targets: tuple[tuple[str, NamedSharding], ...], dtype: str | None) -> Any:
-    def cast(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        return {k: v.astype(dtype) if dtype and jax.numpy.issubdtype(v.dtype, jax.numpy.floating) else v
-                for k, v in flat.items()}
-    return jax.jit(cast, out_shardings=dict(targets))
+def _resharder(targets: tuple[tuple[str, NamedSharding], ...]) -> Any:
+    return jax.jit(lambda flat: flat, out_shardings=dict(targets))
 
 
 def gathered_model(model: Any) -> Any:
@@ -185,7 +234,7 @@ def gathered_model(model: Any) -> Any:
 def master_shardings(mesh: Mesh, min_size: int = 2**14) -> Any:
     """(path, shape) -> the master weights' NamedSharding on `mesh` (`master_spec`): pass as
     `load_hf(..., shardings=)` / `load_model(..., shardings=)` to load straight into the ES masters' layout."""
-    return lambda path, shape: NamedSharding(mesh, master_spec(tuple(shape), mesh, min_size))
+    return lambda path, shape: NamedSharding(mesh, master_spec(path, tuple(shape), mesh, min_size))
 
 
 def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = 2**14) -> Any:
@@ -200,7 +249,7 @@ def load_targets(cfg: Any) -> dict[str, Any]:
     built (the trainer then reports why)."""
     try:
         if hasattr(cfg, "es") and hasattr(cfg, "mesh"):
-            targets = {"shardings": master_shardings(es_mesh(cfg.mesh.model))}
+            targets = {"shardings": master_shardings(es_mesh(cfg.mesh.model), cfg.mesh.shard_min_size)}
             if cfg.es.master_dtype in ("float32", "bfloat16"):      # anything else: the trainer says so
                 targets["param_dtype"] = cfg.es.master_dtype
             return targets

@@ -20,7 +20,7 @@ def train_two_epochs(path, devices, model_size: int):
     cfg = eggroll.EggrollConfig(population=16, rank=2, sigma=0.05, seed=1)
     plan = eggroll.make_plan(model, cfg)
     optimizer = eggroll.make_optimizer("sgd", 0.025)
-    opt_state = init_opt_state(optimizer, eggroll.perturbed_params(model, plan), mesh, min_size=1)
+    opt_state = init_opt_state(optimizer, eggroll.perturbed_params(model, plan), mesh)
     rng = np.random.default_rng(0)
     ids = np.repeat(rng.integers(3, 200, (2, 6)), 16, axis=0)      # 16 members x 2 prompts
     mask = np.ones_like(ids)
@@ -71,7 +71,7 @@ def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
         plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16))
         optimizer = eggroll.make_optimizer("adam", 1e-3)
         params = eggroll.perturbed_params(model, plan)
-        opt_state = init_opt_state(optimizer, params, mesh, min_size=1)
+        opt_state = init_opt_state(optimizer, params, mesh)
         opt_state, _ = eggroll.es_step(model, plan, optimizer, opt_state, 0, np.arange(16.0))
         return {"params": flat_state(model), "opt_state": opt_state}
 
@@ -326,3 +326,73 @@ def test_bfloat16_masters(tiny_dir):
     print(f"bf16 masters (SGD lr=1e-3, N=16, tiny llama: update rms {rms:.2e}, weight rms {weights:.2e}): "
           f"{changed}/{total} entries changed, {lost:.1%} of the fp32 updates rounded away")
     assert 0 < lost < 1
+
+
+def slices(named: jax.sharding.NamedSharding, shape) -> dict:
+    """device -> the index ranges (start, stop) per dimension it holds."""
+    return {d: tuple((s.start or 0, shape[i] if s.stop is None else s.stop) for i, s in enumerate(idx))
+            for d, idx in named.devices_indices_map(shape).items()}
+
+
+@pytest.mark.parametrize("model_size", [1, 2, 4])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_every_master_slice_lies_inside_its_compute_slice(tiny_dir, family, model_size):
+    """Each device's master slice is inside its compute (tensor-parallel) slice and split along a major
+    dimension, so re-assembling the compute weights gathers over "pop" only, never a full weight."""
+    model = jaxcore.load_hf(tiny_dir(family))
+    mesh = sharding.es_mesh(model_size)
+    for path, value in flat_state(model).items():
+        shape = tuple(value.shape)
+        master = jax.sharding.NamedSharding(mesh, sharding.master_spec(path, shape, mesh, min_size=1))
+        compute = jax.sharding.NamedSharding(mesh, sharding.tensor_parallel_spec(path, shape, sharding.MODEL,
+                                                                                   model_size))
+        inner, outer = slices(master, shape), slices(compute, shape)
+        for device, ranges in inner.items():
+            assert all(o[0] <= i[0] and i[1] <= o[1] for i, o in zip(ranges, outer[device])), (path, device)
+        held = {ranges for ranges in inner.values()}
+        if all(size % 8 == 0 for size in shape[:1]) and np.prod(shape) >= 8:
+            assert len(held) == 8, (path, master.spec)           # split 1/8: every device its own slice
+
+
+def test_masters_loaded_in_place_are_not_copied(tiny_dir):
+    """A model loaded straight into the masters' layout: `shard_masters` leaves every leaf as it is."""
+    mesh = sharding.es_mesh(2)
+    model = jaxcore.load_hf(tiny_dir("llama"), shardings=sharding.master_shardings(mesh, min_size=1))
+    before = flat_state(model)
+    shard_masters(model, mesh, min_size=1)
+    assert all(flat_state(model)[k] is v for k, v in before.items())
+    shard_masters(model, mesh, "bfloat16", min_size=1)           # another dtype: every leaf is cast
+    assert all(v.dtype == jax.numpy.bfloat16 for v in flat_state(model).values())
+
+
+def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir):
+    """GRPO with fsdp=2: AdamW's moments are sharded like the parameters they mirror (not replicated)."""
+    from jaxcore.grpo_learner import GRPOLearner
+    from jaxcore.grpo_step import GRPOTrainConfig
+    from jaxcore.grpo_trainer import make_grpo_mesh
+
+    learner = GRPOLearner(jaxcore.load_hf(tiny_dir("llama")), GRPOTrainConfig(), mesh=make_grpo_mesh(2),
+                          fsdp_min_size=1)
+    params = jax.tree.leaves(learner.state.params)
+    import optax
+
+    mu, nu = (optax.tree_utils.tree_get(learner.state.opt_state, name) for name in ("mu", "nu"))
+    for moments in (mu, nu):
+        for p, m in zip(params, jax.tree.leaves(moments)):
+            assert m.sharding.is_equivalent_to(p.sharding, p.ndim)
+    assert any(per_device_fraction(m) == 1 / 2 for m in jax.tree.leaves(mu))
+
+
+def test_planner_follows_shard_min_size(tiny_dir):
+    """`jaxcore plan`'s master term is the trainer's own per-device master bytes, for either
+    mesh.shard_min_size (tiny weights replicated by default, 1/8 each with 1)."""
+    from jaxcore.es_trainer import EggrollAlgorithm
+    from jaxcore.memory_plan import plan_es_config
+
+    path = tiny_dir("llama")
+    for extra in ([], ["mesh.shard_min_size=1"]):
+        cfg = es_config(path, "mesh.model=2", *extra)
+        algorithm = EggrollAlgorithm(jaxcore.load_hf(path), None, cfg)
+        held = sum(x.addressable_shards[0].data.nbytes for x in flat_state(algorithm.model).values())
+        planned = plan_es_config(cfg, algorithm.model.config, devices=8).terms["master weights"]
+        np.testing.assert_allclose(planned, held, rtol=1e-6)

@@ -225,7 +225,7 @@ def test_load_targets_follow_the_trainers_layout():
     targets = sharding.load_targets(es)
     assert targets["param_dtype"] == "bfloat16"
     mesh = sharding.es_mesh(2)
-    assert targets["shardings"]("x", (64, 128)) == NamedSharding(mesh, sharding.master_spec((64, 128), mesh))
+    assert targets["shardings"]("x", (64, 128)) == NamedSharding(mesh, sharding.master_spec("x", (64, 128), mesh))
     es.mesh.model = 3                                      # 8 devices: the trainer reports it, loading does not
     assert sharding.load_targets(es) == {}
     grpo = GRPOConfig()
@@ -251,6 +251,6 @@ def test_es_run_loads_masters_straight_into_their_shards(tiny_dir, tmp_path):
         run_training(cfg, make_algorithm)
     mesh = sharding.es_mesh(2)
     for key, value in seen.items():      # what EggrollAlgorithm's shard_masters would produce, before it runs
-        assert value.sharding.is_equivalent_to(NamedSharding(mesh, sharding.master_spec(value.shape, mesh)),
+        assert value.sharding.is_equivalent_to(NamedSharding(mesh, sharding.master_spec(key, value.shape, mesh)),
                                                value.ndim), key
     assert not seen["embed.table"].sharding.is_fully_replicated
