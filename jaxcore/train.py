@@ -309,8 +309,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     """
     from jaxcore.convert import save_hf
     from jaxcore.errors import UserError
-    from jaxcore.memory_plan import check_fits
     from jaxcore.model_checkpoint import load_any
+    from jaxcore.plan_check import check_fits
     from jaxcore.sharding import maybe_initialize_distributed
     from jaxcore.tokenization import eos_token_ids, load_tokenizer
 

@@ -35,9 +35,10 @@ import numpy as np  # noqa: E402
 from jaxcore import eggroll, sharding  # noqa: E402
 from jaxcore.es_trainer import compute_model  # noqa: E402
 from jaxcore.generate import generate  # noqa: E402
-from jaxcore.memory_plan import GB, accelerator_memory, parse_bytes, plan_es, refusal  # noqa: E402
+from jaxcore.memory_plan import GB, plan_es, refusal  # noqa: E402
 from jaxcore.model import create_model  # noqa: E402
 from jaxcore.model_config import config_from_hf  # noqa: E402
+from jaxcore.plan_check import accelerator_memory, parse_bytes  # noqa: E402
 
 
 def timed(fn):

@@ -46,6 +46,22 @@ def test_factors_follow_the_design_formula(llama):
         np.testing.assert_allclose(b, sign * 0.1 / np.sqrt(2) * ab[rows:], rtol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_batched_draw_equals_one_draw_per_target(tiny_dir, family):
+    """pair_factors draws each kind's layers in one vmapped program: bit-identical to drawing every
+    target from its own key (matrices and, with non_matrix=full, norms and biases)."""
+    model = jaxcore.load_hf(tiny_dir(family))
+    plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=6, rank=2, seed=5, noise_reuse=2,
+                                                          non_matrix="full", include_lm_head=True))
+    drawn = eggroll.pair_factors(plan, jnp.int32(5), jnp.arange(3))
+    assert set(drawn) == {t.path for t in plan.targets}
+    for target in plan.targets:
+        shape = (sum(target.shape), 2) if target.low_rank else target.shape
+        for pair in range(3):
+            key = jax.random.fold_in(jax.random.fold_in(plan.keys[target.path], 5 // 2), pair)
+            np.testing.assert_array_equal(drawn[target.path][pair], jax.random.normal(key, shape), target.path)
+
+
 def test_noise_reuse_and_options_do_not_shift_keys(llama):
     _, e0 = noise_of(llama, epoch=0, noise_reuse=2)
     _, e1 = noise_of(llama, epoch=1, noise_reuse=2)

@@ -12,7 +12,7 @@ lowered with abstract sharded inputs, so nothing is allocated):
 
 Looser, and said so: activations (the planner's prefill working set must bound XLA's temp bytes; CPU
 temps are for fp32 compute, since XLA:CPU upcasts bf16 dots and their weights to f32), update factors
-(within 25% of estimate_gradient's temp bytes) and GRPO's training phase (within 0.7x-1.5x of the step's
+(an upper bound within 1.5x of estimate_gradient's temp bytes) and GRPO's training phase (within 0.7x-1.5x of the step's
 temp bytes).
 """
 
@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcore import eggroll, memory_plan, sharding
+from jaxcore import eggroll, memory_plan, plan_check, sharding
 from jaxcore.cli import main
 from jaxcore.convert import flat_state
 from jaxcore.generate import _decode, _prefill, bucket_length
@@ -166,7 +166,9 @@ def test_update_terms_match_xla_on_a_pop_model_mesh():
     stats = eggroll.estimate_gradient.lower(plan, jnp.int32(0), fitness, out_sharding=tuple(
         (k, v.sharding) for k, v in params.items())).compile().memory_analysis()
     close(planned.terms["gradient"], stats.output_size_in_bytes)
-    close(planned.terms["update factors"], stats.temp_size_in_bytes, tol=0.25)
+    # an upper bound (a draw and its scaled copy): XLA's temp bytes are 0.77x of it here
+    assert stats.temp_size_in_bytes <= planned.terms["update factors"] <= 1.5 * stats.temp_size_in_bytes, (
+        planned.terms["update factors"], stats.temp_size_in_bytes)
 
     optimizer = eggroll.make_optimizer("adam", 1e-3)
     opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -303,7 +305,7 @@ def test_es_refuses_a_run_that_cannot_fit_before_loading(tiny_dir, tmp_path, cap
 
 def test_grpo_refuses_a_run_that_cannot_fit_before_loading(tiny_dir, tmp_path, capsys, monkeypatch):
     no_loading(monkeypatch)
-    monkeypatch.setattr(memory_plan, "accelerator_memory", lambda: 1e6)      # a 1 MB accelerator
+    monkeypatch.setattr(plan_check, "accelerator_memory", lambda: 1e6)      # a 1 MB accelerator
     code = main(["grpo", f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "biggest term is" in err[0] and "grpo" in err[0], err

@@ -45,16 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from jaxcore.errors import UserError
-    from jaxcore.memory_plan import (
-        hf_config_at,
-        largest_multiple,
-        largest_population,
-        mesh_divisor,
-        parse_bytes,
-        plan_config,
-        refusal,
-    )
+    from jaxcore.memory_plan import largest_multiple, largest_population, refusal
     from jaxcore.model_config import config_from_hf
+    from jaxcore.plan_check import hf_config_at, mesh_divisor, parse_bytes, plan_config
     from jaxcore.yaml_config import load_config
 
     cfg = load_config(config_type(args.config, args.overrides), args.config, args.overrides)
