@@ -41,6 +41,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # Buffers some HF checkpoints carry that are not parameters (causal-mask and RoPE caches).
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+# Where `current_umask` reads the process umask (the "Umask:" line) without changing it.
+PROC_STATUS = Path("/proc/self/status")
 # Where `load_hf` / `load_model` put each parameter: one sharding for all, {flat path: sharding}, or
 # a function (flat path, shape) -> sharding; None: the default device, as before.
 Shardings = (jax.sharding.Sharding | Mapping[str, jax.sharding.Sharding]
@@ -493,11 +495,27 @@ def atomic_directory(out_dir: str | os.PathLike, write: Any) -> Path:
     return out
 
 
+def current_umask() -> int:
+    """The process umask, read from /proc/self/status ("Umask:", octal; Linux >= 4.7) without changing it.
+
+    Only where /proc cannot say does it fall back to setting and restoring `os.umask`, which is
+    process-global: a file another thread creates in between would get mode 0666/0777.
+    """
+    try:
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def make_readable(directory: Path) -> None:
     """Give a finished directory the modes of a plain `mkdir`/`open` under the current umask (mkdtemp and
     some writers create 0700/0600), so other users and tools can read the exported model."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     directory.chmod(0o777 & ~umask)
     for path in directory.rglob("*"):
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
