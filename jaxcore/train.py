@@ -4,7 +4,8 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 
 - epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
   the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
-- held-out evaluation every `eval_every` epochs (greedy, `eval_prompts` examples);
+- held-out evaluation (greedy, `eval_prompts` examples) before training, every `eval_every` epochs and
+  after the last; with `eval_every` 0 only after the last;
 - metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
 - orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
 - SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly;
@@ -258,7 +259,7 @@ class Runner:
                 else:
                     bad_steps = 0
                 last = epoch == t.epochs - 1
-                if t.eval_every and ((epoch + 1) % t.eval_every == 0 or last):
+                if last or (t.eval_every and (epoch + 1) % t.eval_every == 0):     # eval_every 0: the end only
                     metrics.update(self._evaluate(scorer))
                     log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
                              metrics["eval/samples"][0] if metrics["eval/samples"] else "")
@@ -276,7 +277,7 @@ class Runner:
         bar.close()
         self.checkpointer.close()
         logger.close()
-        before, after = self._first_and_last_eval(logger.path)
+        before, after = self._evals_before_and_after(logger.path)
         summary["eval_reward_before"] = summary.get("eval_reward_before", before)   # a resumed run: from its log
         summary["eval_reward_after"] = after
         if self.is_main and summary["stopped_by"] is None:
@@ -284,11 +285,13 @@ class Runner:
         return summary
 
     @staticmethod
-    def _first_and_last_eval(metrics_path: Path) -> tuple[float | None, float | None]:
+    def _evals_before_and_after(metrics_path: Path) -> tuple[float | None, float | None]:
+        """(held-out reward before training, i.e. logged at step 0, or None; the last one logged, or None)."""
         from jaxcore.metrics import read_metrics
 
-        evals = [r["eval/reward"] for r in read_metrics(metrics_path) if "eval/reward" in r]
-        return (evals[0], evals[-1]) if evals else (None, None)
+        evals = [(r["step"], r["eval/reward"]) for r in read_metrics(metrics_path) if "eval/reward" in r]
+        before = next((reward for step, reward in evals if step == 0), None)
+        return before, (evals[-1][1] if evals else None)
 
 
 def state_shapes(state: Any) -> dict[str, list[int]]:
