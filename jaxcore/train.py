@@ -301,26 +301,42 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
 
 
 def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
-                 resume: bool = False, allow_changes: bool = False, *, task: Any = None, model: Any = None,
-                 tokenizer_dir: str | None = None) -> dict[str, Any]:
-    """Load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer, eos_token_ids)`, run the
-    `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when `train.export_hf`).
+                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[[], Any] | None = None,
+                 model: Any = None, tokenizer_dir: str | None = None) -> dict[str, Any]:
+    """Take the out_dir lock, load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer,
+    eos_token_ids)`, run the `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when
+    `train.export_hf`).
 
-    `task` and an already loaded `model` (with `tokenizer_dir`) come from the Python API (`jaxcore.trainers`).
-    Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an algorithm
-    setting the algorithm rejects with ValueError) is a one-line `UserError`.
+    The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
+    the task and loading a model; it is held through the export and released on every exit.
+    `build_task` (called under the lock; default: the config's task) and an already loaded `model` (with
+    `tokenizer_dir`) come from the Python API (`jaxcore.trainers`). Shared by `jaxcore es` and `jaxcore
+    grpo`; bad input (no model path, no tokenizer, an algorithm setting the algorithm rejects with
+    ValueError) is a one-line `UserError`.
     """
+    from jaxcore.sharding import maybe_initialize_distributed
+
+    d = cfg.distributed
+    if d.coordinator:                           # first: the lock's name depends on the process index
+        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
+    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
+    with OutDirLock(cfg.train.out_dir, lock_name):
+        return _load_train_export(cfg, make_algorithm, resume, allow_changes, build_task=build_task, model=model,
+                                  tokenizer_dir=tokenizer_dir)
+
+
+def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm], resume: bool,
+                       allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
+                       tokenizer_dir: str | None) -> dict[str, Any]:
+    """`run_training`'s work under the out_dir lock."""
     from jaxcore.convert import save_hf
     from jaxcore.errors import UserError
     from jaxcore.memory_plan import check_fits
     from jaxcore.model_checkpoint import load_any
-    from jaxcore.sharding import maybe_initialize_distributed
     from jaxcore.tokenization import eos_token_ids, load_tokenizer
 
-    d = cfg.distributed
-    if d.coordinator:
-        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
-    task = task if task is not None else make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights)
+    task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
+                                                                    cfg.rewards.weights)
     reason = check_fits(cfg, model.config if model is not None else None)   # config.json only: before loading
     if reason:
         raise UserError(reason)
@@ -340,10 +356,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
-    with OutDirLock(cfg.train.out_dir, lock_name):
-        summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
-                                                                                 allow_changes=allow_changes)
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
+                                                                             allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
         export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
         final = sharding.gathered_model(export)        # every process takes part in the gather
