@@ -5,7 +5,7 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 - epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
   the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
 - held-out evaluation (greedy, `eval_prompts` examples) before training, every `eval_every` epochs and
-  after the last; with `eval_every` 0 only after the last;
+  after the last; with `eval_every` 0 only after the last, with -1 never;
 - metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
 - orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
 - SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly;
@@ -238,7 +238,7 @@ class Runner:
         bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
         with self._scorer() as scorer, StopSignal() as stop:
-            if start == 0 and t.eval_every:
+            if start == 0 and t.eval_every > 0:
                 first = self._evaluate(scorer)
                 logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
                 summary["eval_reward_before"] = first["eval/reward"]
@@ -259,7 +259,7 @@ class Runner:
                 else:
                     bad_steps = 0
                 last = epoch == t.epochs - 1
-                if last or (t.eval_every and (epoch + 1) % t.eval_every == 0):     # eval_every 0: the end only
+                if t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0)):
                     metrics.update(self._evaluate(scorer))
                     log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
                              metrics["eval/samples"][0] if metrics["eval/samples"] else "")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_runtime import es_args, run_cli
 
-FAST = ["train.checkpoint_every=1", "train.eval_every=0", "train.export_hf=false"]
+FAST = ["train.checkpoint_every=1", "train.eval_every=-1", "train.export_hf=false"]
 
 
 @pytest.fixture(scope="module")

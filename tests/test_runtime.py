@@ -111,7 +111,7 @@ def wait_for_epochs(out: Path, epochs: int, proc: subprocess.Popen, timeout: flo
 @pytest.fixture(scope="module")
 def straight_run(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=0",
+    code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
                                 "train.checkpoint_every=1")])
     assert code == 0
     return final_params(out)
@@ -121,7 +121,7 @@ def straight_run(tiny_dir, tmp_path_factory):
 def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, straight_run, sig):
     model = tiny_dir("llama")
     out = tmp_path / "run"
-    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=0", "train.checkpoint_every=1")
+    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=-1", "train.checkpoint_every=1")
     wait_for_epochs(out, 2, proc)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
@@ -133,7 +133,7 @@ def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, 
         assert proc.returncode == -signal.SIGKILL
     steps = finished_checkpoints(out)
     assert steps and steps[-1] < 5
-    code, err = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=0",
+    code, err = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=-1",
                                                              "train.checkpoint_every=1"))
     assert code == 0, err
     resumed = final_params(out)
@@ -168,7 +168,7 @@ def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, t
 
     monkeypatch.setattr(eggroll, "estimate_gradient", poisoned)
     out = tmp_path / "nan"
-    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=0",
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
                                               "train.checkpoint_every=1", "train.max_bad_steps=2"))
     with pytest.raises(TrainingError, match="2 consecutive bad steps"):
         train_es(cfg)
@@ -200,7 +200,7 @@ def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_
                                reward_weights={**base.reward_weights, "crash": 1.0, "hang": 1.0})
     monkeypatch.setattr(train, "get_task", lambda name, **options: task)
     out = tmp_path / "bad-rewards"
-    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=0",
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=-1",
                                               "rewards.num_workers=2", "rewards.timeout_s=2",
                                               "rewards.fallback=-1.0"))
     summary = train_es(cfg)
@@ -267,7 +267,7 @@ class StubAlgorithm:
         pass
 
 
-@pytest.mark.parametrize("eval_every,evaluated_at,before", [(0, [3], None), (2, [0, 2, 3], 1.0)])
+@pytest.mark.parametrize("eval_every,evaluated_at,before", [(0, [3], None), (2, [0, 2, 3], 1.0), (-1, [], None)])
 def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypatch, eval_every, evaluated_at,
                                                               before):
     """train.eval_every=0 means "only at the end" (as in TRL): one held-out evaluation after the last epoch and
@@ -285,4 +285,4 @@ def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypat
     logged = [(r["step"], r["eval/reward"]) for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
               if "eval/reward" in r]
     assert [step for step, _ in logged] == evaluated_at
-    assert (summary["eval_reward_before"], summary["eval_reward_after"]) == (before, logged[-1][1])
+    assert (summary["eval_reward_before"], summary["eval_reward_after"]) == (before, logged[-1][1] if logged else None)
