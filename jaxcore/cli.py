@@ -78,9 +78,21 @@ def make_parser(prog: str, description: str | None, subcommands: dict[str, tuple
     return parser
 
 
-def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+def dispatch(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None,
              error_types: Callable[[], tuple[type[BaseException], ...]]) -> int:
-    """Parse, set up logging, run the subcommand; bad input is one line on stderr and exit code 2."""
+    """Build the parser, parse, set up logging, run the subcommand. Bad input is one line on stderr and exit
+    code 2; Ctrl-C anywhere (start-up included; a training run handles its first SIGINT itself) is the line
+    "interrupted" and exit code 130, without a traceback."""
+    try:
+        return _parse_and_run(build_parser(), argv, error_types)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _parse_and_run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                   error_types: Callable[[], tuple[type[BaseException], ...]]) -> int:
+    """`dispatch` once the parser is built: bad input (`error_types()`) is one line and exit code 2."""
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -90,9 +102,6 @@ def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     quiet_library_logs()
     try:
         return int(args.run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except error_types() as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
@@ -105,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(build_parser(), argv, user_error_types)
+    return dispatch(build_parser, argv, user_error_types)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class TrainSection:
     epochs: int = 10
     seed: int = 0
     out_dir: str = "runs/es"
-    eval_every: int = 5                 # held-out evaluation cadence (epochs); 0 = only at the end
+    eval_every: int = 5                 # held-out evaluation every N epochs; 0 = only after the last, -1 = never
     eval_prompts: int = 64
     eval_batch_size: int = 256
     checkpoint_every: int = 5           # 0 = only at the end / on SIGTERM

@@ -27,7 +27,8 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxcore.convert import atomic_directory, tensor_maps
+from jaxcore.convert import atomic_directory
+from jaxcore.hf_mapping import tensor_maps
 from jaxcore.model import Transformer
 from jaxcore.population import variable_at
 

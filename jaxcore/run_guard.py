@@ -127,8 +127,10 @@ class OutDirLock:
     def __init__(self, out_dir: str | os.PathLike, name: str = ".lock"):
         self.path = Path(out_dir) / name
         self.held = False
+        self.created_dir = False             # the out_dir did not exist: removed on release if still empty
 
     def acquire(self) -> None:
+        self.created_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for _ in range(5):
@@ -203,6 +205,11 @@ class OutDirLock:
             except OSError as err:
                 if err.errno != errno.ENOENT:
                     log.warning("could not remove %s: %s", self.path, err)
+            if self.created_dir:             # a run that stopped before writing anything leaves no out_dir
+                try:
+                    self.path.parent.rmdir()
+                except OSError:
+                    pass                     # not empty (or gone): keep it
 
     def __enter__(self) -> OutDirLock:
         self.acquire()

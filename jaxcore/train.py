@@ -4,7 +4,8 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 
 - epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
   the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
-- held-out evaluation every `eval_every` epochs (greedy, `eval_prompts` examples);
+- held-out evaluation (greedy, `eval_prompts` examples) before training, every `eval_every` epochs and
+  after the last; with `eval_every` 0 only after the last, with -1 never;
 - metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
 - orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
 - SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly;
@@ -237,7 +238,7 @@ class Runner:
         bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
         with self._scorer() as scorer, StopSignal() as stop:
-            if start == 0 and t.eval_every:
+            if start == 0 and t.eval_every > 0:
                 first = self._evaluate(scorer)
                 logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
                 summary["eval_reward_before"] = first["eval/reward"]
@@ -258,7 +259,7 @@ class Runner:
                 else:
                     bad_steps = 0
                 last = epoch == t.epochs - 1
-                if t.eval_every and ((epoch + 1) % t.eval_every == 0 or last):
+                if t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0)):
                     metrics.update(self._evaluate(scorer))
                     log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
                              metrics["eval/samples"][0] if metrics["eval/samples"] else "")
@@ -276,7 +277,7 @@ class Runner:
         bar.close()
         self.checkpointer.close()
         logger.close()
-        before, after = self._first_and_last_eval(logger.path)
+        before, after = self._evals_before_and_after(logger.path)
         summary["eval_reward_before"] = summary.get("eval_reward_before", before)   # a resumed run: from its log
         summary["eval_reward_after"] = after
         if self.is_main and summary["stopped_by"] is None:
@@ -284,11 +285,13 @@ class Runner:
         return summary
 
     @staticmethod
-    def _first_and_last_eval(metrics_path: Path) -> tuple[float | None, float | None]:
+    def _evals_before_and_after(metrics_path: Path) -> tuple[float | None, float | None]:
+        """(held-out reward before training, i.e. logged at step 0, or None; the last one logged, or None)."""
         from jaxcore.metrics import read_metrics
 
-        evals = [r["eval/reward"] for r in read_metrics(metrics_path) if "eval/reward" in r]
-        return (evals[0], evals[-1]) if evals else (None, None)
+        evals = [(r["step"], r["eval/reward"]) for r in read_metrics(metrics_path) if "eval/reward" in r]
+        before = next((reward for step, reward in evals if step == 0), None)
+        return before, (evals[-1][1] if evals else None)
 
 
 def state_shapes(state: Any) -> dict[str, list[int]]:
@@ -298,26 +301,42 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
 
 
 def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
-                 resume: bool = False, allow_changes: bool = False, *, task: Any = None, model: Any = None,
-                 tokenizer_dir: str | None = None) -> dict[str, Any]:
-    """Load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer, eos_token_ids)`, run the
-    `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when `train.export_hf`).
+                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[[], Any] | None = None,
+                 model: Any = None, tokenizer_dir: str | None = None) -> dict[str, Any]:
+    """Take the out_dir lock, load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer,
+    eos_token_ids)`, run the `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when
+    `train.export_hf`).
 
-    `task` and an already loaded `model` (with `tokenizer_dir`) come from the Python API (`jaxcore.trainers`).
-    Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an algorithm
-    setting the algorithm rejects with ValueError) is a one-line `UserError`.
+    The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
+    the task and loading a model; it is held through the export and released on every exit.
+    `build_task` (called under the lock; default: the config's task) and an already loaded `model` (with
+    `tokenizer_dir`) come from the Python API (`jaxcore.trainers`). Shared by `jaxcore es` and `jaxcore
+    grpo`; bad input (no model path, no tokenizer, an algorithm setting the algorithm rejects with
+    ValueError) is a one-line `UserError`.
     """
+    from jaxcore.sharding import maybe_initialize_distributed
+
+    d = cfg.distributed
+    if d.coordinator:                           # first: the lock's name depends on the process index
+        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
+    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
+    with OutDirLock(cfg.train.out_dir, lock_name):
+        return _load_train_export(cfg, make_algorithm, resume, allow_changes, build_task=build_task, model=model,
+                                  tokenizer_dir=tokenizer_dir)
+
+
+def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm], resume: bool,
+                       allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
+                       tokenizer_dir: str | None) -> dict[str, Any]:
+    """`run_training`'s work under the out_dir lock."""
     from jaxcore.convert import save_hf
     from jaxcore.errors import UserError
     from jaxcore.model_checkpoint import load_any
     from jaxcore.plan_check import check_fits
-    from jaxcore.sharding import maybe_initialize_distributed
     from jaxcore.tokenization import eos_token_ids, load_tokenizer
 
-    d = cfg.distributed
-    if d.coordinator:
-        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
-    task = task if task is not None else make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights)
+    task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
+                                                                    cfg.rewards.weights)
     reason = check_fits(cfg, model.config if model is not None else None)   # config.json only: before loading
     if reason:
         raise UserError(reason)
@@ -337,10 +356,8 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
-    with OutDirLock(cfg.train.out_dir, lock_name):
-        summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
-                                                                                 allow_changes=allow_changes)
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
+                                                                             allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
         export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
         final = sharding.gathered_model(export)        # every process takes part in the gather

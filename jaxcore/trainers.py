@@ -72,7 +72,7 @@ class _Trainer:
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
-        return run_training(self.args, self.make_algorithm, resume, allow_changes, task=self.make_task(),
+        return run_training(self.args, self.make_algorithm, resume, allow_changes, build_task=self.make_task,
                             model=self.model, tokenizer_dir=self.tokenizer)
 
 

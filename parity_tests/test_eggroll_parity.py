@@ -8,7 +8,8 @@ import torch
 
 import jaxcore
 from jaxcore import eggroll
-from jaxcore.convert import flat_state, params_to_hf, tensor_maps
+from jaxcore.convert import flat_state
+from jaxcore.hf_mapping import params_to_hf, tensor_maps
 from torchref import eggroll as torch_es
 from torchref.model import load_reference, reference_logits
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_runtime import es_args, run_cli
 
-FAST = ["train.checkpoint_every=1", "train.eval_every=0", "train.export_hf=false"]
+FAST = ["train.checkpoint_every=1", "train.eval_every=-1", "train.export_hf=false"]
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,33 @@ def test_a_second_run_on_a_locked_out_dir_is_refused(tiny_dir, out, capsys):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.parametrize("command", ["es", "grpo"])
+def test_a_locked_out_dir_is_refused_before_the_task_or_model_loads(tiny_dir, tmp_path, capsys, monkeypatch,
+                                                                    command):
+    """The lock is the first thing a run takes: a second run on a busy out_dir stops at once, without
+    building its task or loading its model."""
+    from jaxcore import model_checkpoint, train
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("task built or model loaded before the out_dir lock was checked")
+
+    monkeypatch.setattr(model_checkpoint, "load_any", forbidden)
+    monkeypatch.setattr(train, "make_task", forbidden)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))    # alive
+    code, err = run_cli(capsys, command, f"model.path={tiny_dir('llama')}", f"train.out_dir={out}")
+    assert code == 2 and len(err) == 1 and "in use by another run" in err[0], err
+    assert (out / ".lock").exists()
+
+
+def test_a_run_that_fails_while_loading_releases_the_lock_and_leaves_no_out_dir(tmp_path, capsys):
+    out = tmp_path / "runs" / "out"
+    code, err = run_cli(capsys, "es", f"model.path={tmp_path / 'missing'}", f"train.out_dir={out}")
+    assert code == 2 and len(err) == 1, err
+    assert not out.exists() and (tmp_path / "runs").is_dir()       # only the directory the lock created goes
 
 
 def test_an_empty_lock_is_not_taken_for_stale(tiny_dir, out, capsys):

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,22 +94,46 @@ def test_both_directions_through_the_real_command(tiny_dir, tmp_path):
     assert bad.stderr.strip().splitlines() == [f"jaxcore convert: error: {tmp_path / 'nope'}: not a directory"]
 
 
-def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path):
+def proc_reports_umask() -> bool:
+    try:
+        return "Umask:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("umask,dir_mode,file_mode", [(0o022, 0o755, 0o644), (0o027, 0o750, 0o640)])
+@pytest.mark.parametrize("proc", [
+    pytest.param(True, marks=pytest.mark.skipif(not proc_reports_umask(), reason="no Umask in /proc/self/status")),
+    False], ids=["proc", "no-proc"])
+def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path, monkeypatch, umask, dir_mode, file_mode, proc):
+    """The export gets a plain mkdir/open's modes under the umask, not mkdtemp's 0700 or a writer's 0600. The
+    umask is read from /proc without touching the process-global one; only without /proc is it set and restored."""
     import os
     import stat
     import tempfile
 
-    from jaxcore.convert import atomic_directory
+    from jaxcore import convert
 
     def write(tmp):
         fd, name = tempfile.mkstemp(dir=tmp)                    # 0600, like some writers
         os.close(fd)
         os.rename(name, tmp / "model.safetensors")
+        (tmp / "sub").mkdir(mode=0o700)
 
-    old = os.umask(0o022)
+    def forbidden(mask):
+        raise AssertionError(f"os.umask({mask:o}) called although /proc reports the umask")
+
+    old = os.umask(umask)
     try:
-        out = atomic_directory(tmp_path / "export", write)
+        with monkeypatch.context() as patch:
+            if proc:
+                patch.setattr(os, "umask", forbidden)
+            else:
+                patch.setattr(convert, "PROC_STATUS", tmp_path / "no-proc" / "status")
+            out = convert.atomic_directory(tmp_path / "export", write)
+        assert os.umask(umask) == umask                         # the fallback restored it
     finally:
         os.umask(old)
-    assert stat.S_IMODE(out.stat().st_mode) == 0o755
-    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE(out.stat().st_mode) == dir_mode
+    assert stat.S_IMODE((out / "sub").stat().st_mode) == dir_mode
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == file_mode

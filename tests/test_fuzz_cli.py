@@ -168,7 +168,7 @@ def test_malformed_input_is_one_line(tiny_dir, tmp_path, capsys, subprocess_runs
 # --------------------------------------------------------------------------- an out_dir with checkpoints
 
 ES_RUN = ["task.name=addition", "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16",
-          "train.epochs=2", "train.checkpoint_every=1", "train.eval_every=0", "train.eval_prompts=4",
+          "train.epochs=2", "train.checkpoint_every=1", "train.eval_every=-1", "train.eval_prompts=4",
           "train.export_hf=false", "train.progress=false", "train.tensorboard=false"]
 
 

@@ -10,24 +10,12 @@ import pytest
 
 import jaxcore
 from jaxcore import lora
-from jaxcore.bench.grpo import synthetic_batch
 from jaxcore.generate import generate
 from jaxcore.grpo import compute_advantages
 from jaxcore.grpo_learner import GRPOLearner
 from jaxcore.grpo_step import GRPOTrainConfig, batch_objective, build_batch
 
 LORA = lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("all-linear",))
-
-
-@pytest.fixture(scope="module")
-def path(tiny_dir):
-    return tiny_dir("llama")
-
-
-@pytest.fixture(scope="module")
-def batch(path):
-    vocab = jaxcore.load_hf(path).config.vocab_size
-    return synthetic_batch(vocab, 8, 6, 8, group_size=4, seed=1)
 
 
 def leaves(tree) -> list[np.ndarray]:

@@ -9,20 +9,8 @@ import numpy as np
 import pytest
 
 import jaxcore
-from jaxcore.bench.grpo import synthetic_batch
 from jaxcore.grpo_learner import GRPOLearner
 from jaxcore.grpo_step import GRPOTrainConfig, loss_and_grads
-
-
-@pytest.fixture(scope="module")
-def path(tiny_dir):
-    return tiny_dir("llama")
-
-
-@pytest.fixture(scope="module")
-def batch(path):
-    vocab = jaxcore.load_hf(path).config.vocab_size
-    return synthetic_batch(vocab, 8, 6, 8, group_size=4, seed=1)
 
 
 def flat(tree) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import jaxcore
-from jaxcore.bench.grpo import EOS_ID, synthetic_batch
+from jaxcore.bench.grpo import EOS_ID
 from jaxcore.grpo import grpo_loss
 from jaxcore.grpo_learner import GRPOLearner
 from jaxcore.grpo_step import (
@@ -28,14 +28,9 @@ PARAM_ATOL = 5e-5
 
 
 @pytest.fixture(scope="module")
-def path(tiny_dir):
-    return tiny_dir("llama")
-
-
-@pytest.fixture(scope="module")
-def batch(path):
-    vocab = jaxcore.load_hf(path).config.vocab_size
-    return synthetic_batch(vocab, 16, 6, 8, group_size=4, seed=1)
+def batch_rows() -> int:
+    """16 rows (the shared `batch` has 8): two micro-batches that each still split over 8 devices."""
+    return 16
 
 
 def logp_of(model, batch) -> np.ndarray:

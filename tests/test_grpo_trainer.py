@@ -97,7 +97,7 @@ def test_cli_run_logs_trl_metrics_and_exports(warm, tmp_path, capsys):
 def test_straight_run_equals_resumed_run(warm, tmp_path, capsys):
     model = warm["hf"]
     # constant lr: the default linear decay's horizon is train.epochs, which differs between the runs
-    common = ["train.eval_every=0", "train.checkpoint_every=1", "grpo.num_iterations=2", "optimizer.schedule=constant"]
+    common = ["train.eval_every=-1", "train.checkpoint_every=1", "grpo.num_iterations=2", "optimizer.schedule=constant"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run_cli(capsys, *grpo_args(model, straight, "train.epochs=4", *common))[0] == 0
     assert run_cli(capsys, *grpo_args(model, resumed, "train.epochs=2", *common))[0] == 0
@@ -254,7 +254,7 @@ def test_cli_lora_run_exports_merged_model_and_peft_adapter(warm, tmp_path, caps
     from torchref.model import load_reference
 
     out = tmp_path / "lora"
-    code, _ = run_cli(capsys, *grpo_args(warm["hf"], out, "train.epochs=2", "train.eval_every=0", "grpo.beta=0.04",
+    code, _ = run_cli(capsys, *grpo_args(warm["hf"], out, "train.epochs=2", "train.eval_every=-1", "grpo.beta=0.04",
                                          "grpo.lora.rank=4", "grpo.lora.target_modules=[q_proj, v_proj, down_proj]"))
     assert code == 0 and all(np.isfinite(r["loss"]) and r["kl"] >= 0 for r in records(out)[1:])
     config = json.loads((out / "final_adapter" / "adapter_config.json").read_text())

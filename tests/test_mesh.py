@@ -164,7 +164,7 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
 
 CLI_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
            "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16", "es.rank=2",
-           "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "train.eval_prompts=5", "train.eval_every=0",
+           "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "train.eval_prompts=5", "train.eval_every=-1",
            "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false"]
 
 

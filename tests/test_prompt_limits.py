@@ -59,7 +59,7 @@ def test_generate_cli_truncates_warns_or_refuses(tiny_dir, capsys, caplog):
 
 # --------------------------------------------------------------------------- through `jaxcore es` and rft-datagen
 
-ES_FAST = ["train.epochs=1", "train.checkpoint_every=0", "train.eval_every=0", "train.export_hf=false"]
+ES_FAST = ["train.epochs=1", "train.checkpoint_every=0", "train.eval_every=-1", "train.export_hf=false"]
 
 
 def es_run(capsys, tiny_dir, out, *extra):

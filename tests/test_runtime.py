@@ -111,7 +111,7 @@ def wait_for_epochs(out: Path, epochs: int, proc: subprocess.Popen, timeout: flo
 @pytest.fixture(scope="module")
 def straight_run(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=0",
+    code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
                                 "train.checkpoint_every=1")])
     assert code == 0
     return final_params(out)
@@ -121,7 +121,7 @@ def straight_run(tiny_dir, tmp_path_factory):
 def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, straight_run, sig):
     model = tiny_dir("llama")
     out = tmp_path / "run"
-    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=0", "train.checkpoint_every=1")
+    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=-1", "train.checkpoint_every=1")
     wait_for_epochs(out, 2, proc)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
@@ -133,7 +133,7 @@ def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, 
         assert proc.returncode == -signal.SIGKILL
     steps = finished_checkpoints(out)
     assert steps and steps[-1] < 5
-    code, err = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=0",
+    code, err = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=-1",
                                                              "train.checkpoint_every=1"))
     assert code == 0, err
     resumed = final_params(out)
@@ -168,7 +168,7 @@ def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, t
 
     monkeypatch.setattr(eggroll, "estimate_gradient", poisoned)
     out = tmp_path / "nan"
-    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=0",
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
                                               "train.checkpoint_every=1", "train.max_bad_steps=2"))
     with pytest.raises(TrainingError, match="2 consecutive bad steps"):
         train_es(cfg)
@@ -200,7 +200,7 @@ def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_
                                reward_weights={**base.reward_weights, "crash": 1.0, "hang": 1.0})
     monkeypatch.setattr(train, "get_task", lambda name, **options: task)
     out = tmp_path / "bad-rewards"
-    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=0",
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=-1",
                                               "rewards.num_workers=2", "rewards.timeout_s=2",
                                               "rewards.fallback=-1.0"))
     summary = train_es(cfg)
@@ -243,6 +243,46 @@ def test_resumed_summary_reads_the_held_out_reward_before_training_from_the_log(
     rows = [{"step": 0, "eval/reward": 0.25}, {"step": 1, "reward": 0.5}, {"step": 2, "eval/reward": 0.75},
             {"step": 3, "reward": 0.9}]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert Runner._first_and_last_eval(log) == (0.25, 0.75)
+    assert Runner._evals_before_and_after(log) == (0.25, 0.75)
     log.write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
-    assert Runner._first_and_last_eval(log) == (None, None)
+    assert Runner._evals_before_and_after(log) == (None, None)
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))     # eval_every=0: no eval before training
+    assert Runner._evals_before_and_after(log) == (None, 0.75)
+
+
+class StubAlgorithm:
+    """Steps that change nothing: enough to drive the Runner's schedule of evaluations."""
+
+    model = None
+
+    def train_step(self, epoch, examples, scorer):
+        from jaxcore.train import StepResult
+
+        return StepResult({"reward": 0.5})
+
+    def checkpoint_state(self):
+        return {"w": np.zeros(2, np.float32)}
+
+    def restore_state(self, state):
+        pass
+
+
+@pytest.mark.parametrize("eval_every,evaluated_at,before", [(0, [3], None), (2, [0, 2, 3], 1.0), (-1, [], None)])
+def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypatch, eval_every, evaluated_at,
+                                                              before):
+    """train.eval_every=0 means "only at the end" (as in TRL): one held-out evaluation after the last epoch and
+    none before training; otherwise before training, every eval_every epochs and after the last."""
+    from jaxcore.metrics import read_metrics
+    from jaxcore.train import Runner, make_task
+
+    cfg = ESConfig()
+    t = cfg.train
+    t.epochs, t.eval_every, t.checkpoint_every, t.out_dir = 3, eval_every, 0, str(tmp_path / "out")
+    t.progress = t.tensorboard = False
+    rewards = iter([1.0, 2.0, 3.0])
+    monkeypatch.setattr(Runner, "_evaluate", lambda self, scorer: {"eval/reward": next(rewards), "eval/samples": []})
+    summary = Runner(cfg, StubAlgorithm(), None, make_task(cfg.task)).run()
+    logged = [(r["step"], r["eval/reward"]) for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
+              if "eval/reward" in r]
+    assert [step for step, _ in logged] == evaluated_at
+    assert (summary["eval_reward_before"], summary["eval_reward_after"]) == (before, logged[-1][1] if logged else None)

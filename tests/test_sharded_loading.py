@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 import jaxcore
-from jaxcore import convert, sharding
+from jaxcore import convert, hf_mapping, sharding
 from jaxcore.convert import CheckpointError, flat_state, read_safetensors
 from jaxcore.job_config import ESConfig, GRPOConfig
 from jaxcore.model_checkpoint import load_any, load_model, save_model
@@ -71,7 +71,7 @@ def host(model):
 def hf_sources(path):
     """{jaxcore path: HF tensor name} for a tiny checkpoint."""
     cfg = jaxcore.load_hf(path).config
-    return {p: m.hf_key for m in convert.tensor_maps(cfg, convert._gpt2_prefix(read_safetensors(path)))
+    return {p: m.hf_key for m in hf_mapping.tensor_maps(cfg, hf_mapping.gpt2_key_prefix(read_safetensors(path)))
             for p in m.jax_paths}
 
 
@@ -138,7 +138,7 @@ def test_fused_gpt2_c_attn_and_transposed_weights(tiny_dir):
     mesh = sharding.make_mesh({"a": 2, "b": 4})
     gpt2 = tiny_dir("gpt2")
     tensors, model = read_safetensors(gpt2), flat_state(jaxcore.load_hf(gpt2, shardings=both_dims(mesh)))
-    prefix = convert._gpt2_prefix(tensors)
+    prefix = hf_mapping.gpt2_key_prefix(tensors)
     fused, bias = tensors[f"{prefix}h.1.attn.c_attn.weight"], tensors[f"{prefix}h.1.attn.c_attn.bias"]
     d = fused.shape[-1] // 3
     for i, name in enumerate("qkv"):

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxcore.cli import dispatch
 
-    return dispatch(build_parser(), argv, user_error_types)
+    return dispatch(build_parser, argv, user_error_types)
 
 
 if __name__ == "__main__":

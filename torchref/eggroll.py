@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jaxcore.convert import tensor_maps
+from jaxcore.hf_mapping import tensor_maps
 from jaxcore.model_config import ModelConfig
 
 
