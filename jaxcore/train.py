@@ -212,8 +212,7 @@ class Runner:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
         if not resume and self.checkpointer.latest_step() is not None:
             self.checkpointer.close()
-            raise TrainingError(f"{self.checkpointer.directory} already holds checkpoints: pass --resume to continue, "
-                                "or choose another train.out_dir")
+            raise fresh_run_over_checkpoints(self.checkpointer.directory)
         try:
             return self._run(resume, allow_changes)
         except BaseException:
@@ -294,6 +293,26 @@ class Runner:
         return before, (evals[-1][1] if evals else None)
 
 
+def fresh_run_over_checkpoints(directory: Path) -> TrainingError:
+    """The refusal of a run without --resume whose out_dir already holds checkpoints."""
+    return TrainingError(f"{directory} already holds checkpoints: pass --resume to continue, "
+                         "or choose another train.out_dir")
+
+
+def refuse_fresh_run_over_checkpoints(out_dir: str | Path) -> None:
+    """Raise `fresh_run_over_checkpoints` when out_dir/checkpoints holds a checkpoint (run before loading)."""
+    directory = Path(out_dir).absolute() / "checkpoints"
+    if not directory.is_dir():
+        return
+    checkpointer = TrainCheckpointer(directory, async_save=False)
+    try:
+        step = checkpointer.latest_step()
+    finally:
+        checkpointer.close()
+    if step is not None:
+        raise fresh_run_over_checkpoints(directory)
+
+
 def state_shapes(state: Any) -> dict[str, list[int]]:
     """{tree path: shape} of every array in a checkpoint state (to name a model change on resume)."""
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
@@ -335,6 +354,8 @@ def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, 
     from jaxcore.plan_check import check_fits
     from jaxcore.tokenization import eos_token_ids, load_tokenizer
 
+    if not resume:
+        refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
     task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
                                                                     cfg.rewards.weights)
     reason = check_fits(cfg, model.config if model is not None else None)   # config.json only: before loading

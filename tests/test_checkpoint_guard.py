@@ -202,6 +202,24 @@ def test_a_locked_out_dir_is_refused_before_the_task_or_model_loads(tiny_dir, tm
     assert (out / ".lock").exists()
 
 
+@pytest.mark.parametrize("command", ["es", "grpo"])
+def test_a_fresh_run_over_checkpoints_is_refused_before_the_task_or_model_loads(tiny_dir, out, capsys,
+                                                                                 monkeypatch, command):
+    """Without --resume, an out_dir that holds checkpoints is refused (one line, exit 2) before the task is
+    built or the model loaded, and its checkpoints are left as they were."""
+    from jaxcore import model_checkpoint, train
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("task built or model loaded before the out_dir's checkpoints were checked")
+
+    monkeypatch.setattr(model_checkpoint, "load_any", forbidden)
+    monkeypatch.setattr(train, "make_task", forbidden)
+    before = digest(ckpt(out))
+    code, err = run_cli(capsys, command, f"model.path={tiny_dir('llama')}", f"train.out_dir={out}")
+    assert code == 2 and len(err) == 1 and "already holds checkpoints: pass --resume" in err[0], err
+    assert digest(ckpt(out)) == before and not (out / ".lock").exists()
+
+
 def test_a_run_that_fails_while_loading_releases_the_lock_and_leaves_no_out_dir(tmp_path, capsys):
     out = tmp_path / "runs" / "out"
     code, err = run_cli(capsys, "es", f"model.path={tmp_path / 'missing'}", f"train.out_dir={out}")
