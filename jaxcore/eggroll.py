@@ -133,29 +133,27 @@ def _pair_key(key_W: Array, epoch: Array, pair: Array, noise_reuse: int) -> Arra
     return jax.random.fold_in(jax.random.fold_in(key_W, epoch // noise_reuse), pair)
 
 
-def _draw_groups(plan: NoisePlan, epoch: Array, pairs: Array) -> list[tuple[list[NoiseTarget], Array]]:
-    """Unscaled noise for the given pairs, one stacked draw [L, P, ...] per group of targets of one kind
-    and shape (the same matrix in every layer): one vmapped RNG program over the group's keys instead of
-    one per layer (compile time grows with the program count), the same numbers as a draw per target."""
+def pair_factors(plan: NoisePlan, epoch: Array, pairs: Array) -> dict[str, Array]:
+    """Unscaled noise for the given antithetic pairs: low-rank AB [P, I+O, r], dense eps [P, ...].
+
+    Targets of one kind and shape (the same matrix in every layer) are drawn by one vmapped RNG call over
+    their stacked keys rather than one call each (compile time grows with the number of calls): the
+    same numbers as a draw per target.
+    """
     cfg = plan.config
-    groups: dict[tuple[str, tuple[int, ...]], list[NoiseTarget]] = {}
+    groups: dict[tuple[str, tuple[int, ...]], list[str]] = {}
     for target in plan.targets:
         shape = (sum(target.shape), cfg.rank) if target.low_rank else target.shape
-        groups.setdefault((_kind_and_layer(target.path)[0], shape), []).append(target)
-    drawn = []
-    for (_, shape), targets in groups.items():
+        groups.setdefault((_kind_and_layer(target.path)[0], shape), []).append(target.path)
+    out = {}
+    for (_, shape), paths in groups.items():
         def draw(key: Array, p: Array, shape: tuple[int, ...] = shape) -> Array:
             return jax.random.normal(_pair_key(key, epoch, p, cfg.noise_reuse), shape, jnp.float32)
 
-        keys_L = jnp.stack([plan.keys[t.path] for t in targets])
-        drawn.append((targets, jax.vmap(lambda key: jax.vmap(lambda p: draw(key, p))(pairs))(keys_L)))
-    return drawn
-
-
-def pair_factors(plan: NoisePlan, epoch: Array, pairs: Array) -> dict[str, Array]:
-    """Unscaled noise for the given antithetic pairs: low-rank AB [P, I+O, r], dense eps [P, ...]."""
-    return {t.path: drawn_LP[i] for targets, drawn_LP in _draw_groups(plan, epoch, pairs)
-            for i, t in enumerate(targets)}
+        keys_L = jnp.stack([plan.keys[path] for path in paths])
+        drawn_LP = jax.vmap(lambda key: jax.vmap(lambda p: draw(key, p))(pairs))(keys_L)
+        out.update({path: drawn_LP[i] for i, path in enumerate(paths)})
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("out_sharding", "dtype"))

@@ -62,9 +62,7 @@ def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", m
     """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
     each device then updates only its slice, and the optimizer state (initialised from them) follows.
     Leaves already in place (loaded straight into the masters' layout) are left alone, not copied."""
-    def target(path: str, shape: tuple[int, ...]) -> jax.sharding.NamedSharding:
-        return jax.sharding.NamedSharding(mesh, sharding.master_spec(path, shape, mesh, min_size))
-
+    target = sharding.master_shardings(mesh, min_size)
     flat = flat_state(model)
     moved = {path: value for path, value in flat.items()
              if not (isinstance(value, jax.Array) and value.dtype == jax.numpy.dtype(dtype)

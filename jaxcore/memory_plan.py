@@ -6,8 +6,9 @@ total is the persistent terms plus the largest phase.
 
 ES on a (pop, model) mesh (D devices, M = mesh.model, pop = D / M):
   compute weights  compute dtype, q/k/v/gate/up/o/down/embedding/lm_head split over M (tensor-parallel)
-  master weights   master dtype, over all D: along the tensor-parallel dim over (model, pop), else FSDP
-                   (`sharding.master_partition`); leaves under mesh.shard_min_size replicated
+  master weights   master dtype, over all D: split like the compute weight over M and over pop along the most
+                   major dim that divides (`sharding.master_partition`); leaves under mesh.shard_min_size
+                   replicated
   optimizer state  0, 1 or 2 master-sized copies of the perturbed matrices, sharded like the masters
   factors          N/2 pairs of (I + O) x r per perturbed matrix, pairs over pop, each factor over M with its weight
   kv cache         (generation) rows N*P*G/pop; kv heads over M when M divides them (XLA shards the cache
@@ -162,11 +163,11 @@ def _divisors(spec: Any, ndim: int, axis_sizes: dict[str, int]) -> tuple[int, ..
                  for e in entries[:ndim])
 
 
-def _fsdp_bytes(shape: tuple[int, ...], size: int, itemsize: float, min_size: int = _FSDP_MIN_SIZE) -> float:
+def _fsdp_bytes(shape: tuple[int, ...], size: int, itemsize: float) -> float:
     """Bytes per device of a leaf FSDP-sharded over `size` devices (`sharding.fsdp_spec`)."""
     from jaxcore.sharding import fsdp_spec
 
-    divisors = _divisors(fsdp_spec(shape, "x", size, min_size), len(shape), {"x": size})
+    divisors = _divisors(fsdp_spec(shape, "x", size, _FSDP_MIN_SIZE), len(shape), {"x": size})
     return math.prod(shape) * itemsize / math.prod(divisors)
 
 

@@ -122,8 +122,3 @@ def check_fits(job_cfg: Any, model_cfg: ModelConfig | None = None, prompt_tokens
     except UserError:
         return None               # a bad setting: the trainer's own check names it
     return refusal(plan)
-
-
-def check_es_fits(es_cfg: Any, prompt_tokens: int | None = None) -> str | None:
-    """`check_fits` for an ES config (kept for callers of the earlier name)."""
-    return check_fits(es_cfg, prompt_tokens=prompt_tokens)

@@ -349,9 +349,8 @@ def test_every_master_slice_lies_inside_its_compute_slice(tiny_dir, family, mode
         inner, outer = slices(master, shape), slices(compute, shape)
         for device, ranges in inner.items():
             assert all(o[0] <= i[0] and i[1] <= o[1] for i, o in zip(ranges, outer[device])), (path, device)
-        held = {ranges for ranges in inner.values()}
-        if all(size % 8 == 0 for size in shape[:1]) and np.prod(shape) >= 8:
-            assert len(held) == 8, (path, master.spec)           # split 1/8: every device its own slice
+        if shape[0] % 8 == 0:
+            assert len(set(inner.values())) == 8, (path, master.spec)   # split 1/8: every device its own slice
 
 
 def test_masters_loaded_in_place_are_not_copied(tiny_dir):
@@ -367,6 +366,8 @@ def test_masters_loaded_in_place_are_not_copied(tiny_dir):
 
 def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir):
     """GRPO with fsdp=2: AdamW's moments are sharded like the parameters they mirror (not replicated)."""
+    import optax
+
     from jaxcore.grpo_learner import GRPOLearner
     from jaxcore.grpo_step import GRPOTrainConfig
     from jaxcore.grpo_trainer import make_grpo_mesh
@@ -374,8 +375,6 @@ def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir):
     learner = GRPOLearner(jaxcore.load_hf(tiny_dir("llama")), GRPOTrainConfig(), mesh=make_grpo_mesh(2),
                           fsdp_min_size=1)
     params = jax.tree.leaves(learner.state.params)
-    import optax
-
     mu, nu = (optax.tree_utils.tree_get(learner.state.opt_state, name) for name in ("mu", "nu"))
     for moments in (mu, nu):
         for p, m in zip(params, jax.tree.leaves(moments)):
