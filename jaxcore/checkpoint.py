@@ -42,12 +42,23 @@ def package_versions() -> dict[str, str]:
 
 
 class _OrbaxErrorsToDebug(logging.Filter):
-    """Drop orbax's ERROR records (multi-line tracebacks from its save threads) and re-log their first line at
-    DEBUG: the same failure reaches `TrainCheckpointer` as an exception and is reported there in one line."""
+    """Drop orbax's ERROR records and re-log their first line at DEBUG: the same failure reaches
+    `TrainCheckpointer` as an exception and is reported there in one line.
+
+    Two kinds: orbax's own (multi-line tracebacks from its save threads), and asyncio's "Task exception was
+    never retrieved" for orbax's other per-array reads when a restore fails on one array (the record comes
+    from asyncio; its message names the orbax coroutine).
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
-            log.debug("orbax: %s", record.getMessage().splitlines()[0] if record.getMessage() else "")
+        if record.levelno < logging.ERROR:
+            return True
+        orbax_dir = f"{os.sep}orbax{os.sep}"
+        message = record.getMessage()
+        from_orbax = orbax_dir in (record.pathname or "")
+        orbax_task = record.name == "asyncio" and "never retrieved" in message and orbax_dir in message
+        if from_orbax or orbax_task:
+            log.debug("orbax: %s", message.splitlines()[0] if message else "")
             return False
         return True
 
@@ -92,7 +103,7 @@ class TrainCheckpointer:
                                                create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._pending: int | None = None         # the step whose asynchronous write may still be running
-        for name in ("absl", "orbax"):
+        for name in ("absl", "orbax", "asyncio"):
             if _ORBAX_FILTER not in logging.getLogger(name).filters:
                 logging.getLogger(name).addFilter(_ORBAX_FILTER)
         _install_unraisable_filter()
