@@ -308,6 +308,12 @@ apply_update = jax.jit(_apply_update, static_argnames=("optimizer",), donate_arg
 apply_update_donating = jax.jit(_apply_update, static_argnames=("optimizer",), donate_argnames=("params", "opt_state"))
 
 
+# Under jit: the eager form adds a sharded square to an unsharded zero imaginary part, and JAX 0.10's
+# eager dispatch then maps the result onto the mesh of an earlier call with the same devices, which fails
+# once two mesh shapes have been used in one process (tests/test_mesh.py has the case).
+global_norm = jax.jit(optax.tree.norm)
+
+
 def write_params(model: Transformer, params: dict[str, Array]) -> None:
     """Store updated parameters back into the model's variables."""
     for path, value in params.items():
@@ -329,7 +335,7 @@ def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransf
     params = perturbed_params(model, plan)
     shardings = tuple((k, v.sharding) for k, v in params.items() if isinstance(v.sharding, NamedSharding))
     grads = estimate_gradient(plan, jnp.asarray(epoch, jnp.int32), shaped_N, out_sharding=shardings or None)
-    grad_norm = float(optax.tree.norm(grads))
+    grad_norm = float(global_norm(grads))
     if not math.isfinite(grad_norm):
         return opt_state, {"grad_norm": grad_norm, "skipped": True}
     update = apply_update_donating if donate_params else apply_update

@@ -296,6 +296,20 @@ def test_shard_min_size_shards_the_trainers_masters(tiny_dir, min_size, fraction
                                                  algorithm.opt_state, 0, np.arange(16.0), donate_params=True)
 
 
+def test_updates_on_two_mesh_shapes_in_one_process(tiny_dir):
+    """A process that updates on mesh (8, 1) and then on (4, 2) (two trainers, or a test session): the
+    second update works (JAX's eager dispatch once mapped its gradient norm onto the first mesh)."""
+    from jaxcore.es_trainer import EggrollAlgorithm
+
+    path = tiny_dir("llama")
+    for model_size in (1, 2):
+        cfg = es_config(path, f"mesh.model={model_size}", "mesh.shard_min_size=1")
+        algorithm = EggrollAlgorithm(jaxcore.load_hf(path), None, cfg)
+        _, metrics = eggroll.es_step(algorithm.model, algorithm.plan, algorithm.optimizer, algorithm.opt_state,
+                                     0, np.arange(16.0), donate_params=True)
+        assert np.isfinite(metrics["grad_norm"]) and not metrics["skipped"]
+
+
 def test_bfloat16_masters(tiny_dir):
     """es.master_dtype=bfloat16: masters and momentum are bf16 (and sharded), an update changes them, and
     the fraction of entries whose fp32 update is rounded away in bf16 is measured (printed)."""
