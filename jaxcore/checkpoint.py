@@ -66,10 +66,16 @@ class _OrbaxErrorsToDebug(logging.Filter):
 _ORBAX_FILTER = _OrbaxErrorsToDebug()
 
 
-def _late_tensorstore_callback(unraisable: Any) -> bool:
-    """True for the error tensorstore reports when a read finishes after orbax's event loop closed (a restore
-    that failed on one array leaves the reads of the others in flight): harmless, and printed as a traceback
-    on stderr by the default hook."""
+def _orbax_read_left_over(unraisable: Any) -> bool:
+    """True for the two errors a restore that failed on one array leaves behind from the reads of the others,
+    which the default hook prints as tracebacks on stderr although the failure is reported in one line:
+
+    - tensorstore's "Event loop is closed", when a read finishes after orbax's event loop closed;
+    - orbax's own per-array read coroutine, collected while suspended, raising from its close().
+    """
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return True
     if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
         return False
     tb = unraisable.exc_traceback
@@ -79,14 +85,15 @@ def _late_tensorstore_callback(unraisable: Any) -> bool:
 
 
 def _install_unraisable_filter() -> None:
-    """Wrap `sys.unraisablehook` to drop `_late_tensorstore_callback` errors (logged at DEBUG); others pass on."""
+    """Wrap `sys.unraisablehook` to drop `_orbax_read_left_over` errors (logged at DEBUG); others pass on."""
     previous = sys.unraisablehook
     if getattr(previous, "_jaxcore_filter", False):
         return
 
     def hook(unraisable: Any) -> None:
-        if _late_tensorstore_callback(unraisable):
-            log.debug("ignored a tensorstore callback that finished after its event loop closed")
+        if _orbax_read_left_over(unraisable):
+            log.debug("ignored an error left over from a failed restore's other reads: %s",
+                      first_line(unraisable.exc_value) if unraisable.exc_value is not None else "")
             return
         previous(unraisable)
 

@@ -366,23 +366,58 @@ def test_full_disk_in_the_asynchronous_write_keeps_the_last_checkpoint(tiny_dir,
     assert sorted(p.name for p in ckpt(out).iterdir() if p.name.isdigit()) == ["2"]
 
 
+READER = """
+import types
+
+@types.coroutine
+def pending():
+    yield
+
+async def async_deserialize():
+    raise ValueError('OUT_OF_RANGE')
+
+async def _read_array_index_and_device_put():
+    try:
+        await pending()
+    except BaseException as err:
+        raise Exception('Encountered error while reading array index') from err
+"""
+
+
+def _reader_under(module_dir: Path):
+    """The READER coroutines, imported from `module_dir/reader.py` (their code names that file)."""
+    import importlib.util
+
+    module_dir.mkdir(parents=True, exist_ok=True)
+    (module_dir / "reader.py").write_text(READER)
+    spec = importlib.util.spec_from_file_location(f"reader_{module_dir.parent.name}", module_dir / "reader.py")
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    return reader
+
+
 def _drop_a_failed_task(module_dir: Path) -> None:
     """Run, in a fresh event loop, a task of a coroutine defined in `module_dir/reader.py` that fails, and let
     it be collected unretrieved: asyncio then logs "Task exception was never retrieved" naming that file."""
     import asyncio
     import gc
-    import importlib.util
 
-    module_dir.mkdir(parents=True, exist_ok=True)
-    (module_dir / "reader.py").write_text("async def async_deserialize():\n    raise ValueError('OUT_OF_RANGE')\n")
-    spec = importlib.util.spec_from_file_location(f"reader_{module_dir.parent.name}", module_dir / "reader.py")
-    reader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reader)
     loop = asyncio.new_event_loop()
-    task = loop.create_task(reader.async_deserialize())
+    task = loop.create_task(_reader_under(module_dir).async_deserialize())
     loop.run_until_complete(asyncio.sleep(0))
     loop.close()
     del task
+    gc.collect()
+
+
+def _drop_a_suspended_read(module_dir: Path) -> None:
+    """Suspend a read coroutine defined in `module_dir/reader.py` and let it be collected: its close() raises,
+    which Python reports through `sys.unraisablehook`."""
+    import gc
+
+    read = _reader_under(module_dir)._read_array_index_and_device_put()
+    read.send(None)
+    del read
     gc.collect()
 
 
@@ -397,3 +432,16 @@ def test_orbaxs_unretrieved_read_errors_are_not_printed(tmp_path, caplog, packag
         _drop_a_failed_task(tmp_path / package / "checkpoint")
     reports = [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert len(reports) == (0 if dropped else 1)
+
+
+@pytest.mark.parametrize("package,dropped", [("orbax", True), ("elsewhere", False)])
+def test_orbaxs_collected_reads_are_not_printed(tmp_path, monkeypatch, package, dropped):
+    """The same failed restore leaves orbax's suspended reads to the garbage collector; their close() raises,
+    and the default hook would print that as a traceback. The checkpointer's hook drops those only."""
+    from jaxcore.checkpoint import TrainCheckpointer
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    TrainCheckpointer(tmp_path / "ckpt")                  # wraps the hook
+    _drop_a_suspended_read(tmp_path / package / "checkpoint")
+    assert len(reported) == (0 if dropped else 1)
