@@ -41,6 +41,10 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+# How a file path or a traceback names orbax's sources (records, coroutines left over from a restore).
+_ORBAX_DIR = f"{os.sep}orbax{os.sep}"
+
+
 class _OrbaxErrorsToDebug(logging.Filter):
     """Drop orbax's ERROR records and re-log their first line at DEBUG: the same failure reaches
     `TrainCheckpointer` as an exception and is reported there in one line.
@@ -53,10 +57,9 @@ class _OrbaxErrorsToDebug(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return True
-        orbax_dir = f"{os.sep}orbax{os.sep}"
         message = record.getMessage()
-        from_orbax = orbax_dir in (record.pathname or "")
-        orbax_task = record.name == "asyncio" and "never retrieved" in message and orbax_dir in message
+        from_orbax = _ORBAX_DIR in (record.pathname or "")
+        orbax_task = record.name == "asyncio" and "never retrieved" in message and _ORBAX_DIR in message
         if from_orbax or orbax_task:
             log.debug("orbax: %s", message.splitlines()[0] if message else "")
             return False
@@ -74,7 +77,7 @@ def _orbax_read_left_over(unraisable: Any) -> bool:
     - orbax's own per-array read coroutine, collected while suspended, raising from its close().
     """
     code = getattr(unraisable.object, "cr_code", None)
-    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+    if code is not None and _ORBAX_DIR in code.co_filename:
         return True
     if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
         return False
