@@ -19,7 +19,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory):
     """tiny_dir(family, **options) -> path of a cached tiny HF checkpoint."""
-    from jaxcore.tiny import write_tiny_checkpoint
+    from jaxcore.hf.tiny import write_tiny_checkpoint
 
     cache: dict[tuple, Path] = {}
 

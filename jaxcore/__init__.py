@@ -12,12 +12,12 @@ from typing import Any
 
 __version__ = "0.1.0"
 _LAZY = {
-    "load_hf": "jaxcore.convert", "save_hf": "jaxcore.convert", "CheckpointError": "jaxcore.convert",
-    "Transformer": "jaxcore.model", "KVCache": "jaxcore.model",
-    "load_model": "jaxcore.model_checkpoint",
-    "save_model": "jaxcore.model_checkpoint",
-    "ESTrainer": "jaxcore.trainers", "GRPOTrainer": "jaxcore.trainers",
-    "ESConfig": "jaxcore.job_config", "GRPOConfig": "jaxcore.job_config",
+    "load_hf": "jaxcore.hf.convert", "save_hf": "jaxcore.hf.convert", "CheckpointError": "jaxcore.hf.convert",
+    "Transformer": "jaxcore.model.transformer", "KVCache": "jaxcore.model.transformer",
+    "load_model": "jaxcore.hf.model_checkpoint",
+    "save_model": "jaxcore.hf.model_checkpoint",
+    "ESTrainer": "jaxcore.api", "GRPOTrainer": "jaxcore.api",
+    "ESConfig": "jaxcore.config.jobs", "GRPOConfig": "jaxcore.config.jobs",
 }
 __all__ = [*_LAZY, "__version__"]
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import jaxcore
-from jaxcore import eggroll
-from jaxcore.convert import flat_state
-from jaxcore.hf_mapping import params_to_hf, tensor_maps
+from jaxcore.es import eggroll
+from jaxcore.hf.convert import flat_state
+from jaxcore.hf.mapping import params_to_hf, tensor_maps
 from torchref import eggroll as torch_es
 from torchref.model import load_reference, reference_logits
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import jaxcore
-from jaxcore.generate import _prefill, generate
+from jaxcore.inference.generate import _prefill, generate
 from torchref.model import load_reference
 
 NEW_TOKENS = 40

@@ -11,10 +11,10 @@ from flax import nnx
 
 import jaxcore
 import torchref.grpo as tgrpo
-from jaxcore import grpo
 from jaxcore.bench.grpo import synthetic_batch
-from jaxcore.grpo_step import GRPOTrainConfig, loss_and_grads, policy_logps
-from jaxcore.hf_mapping import params_to_hf
+from jaxcore.grpo import advantages as grpo
+from jaxcore.grpo.step import GRPOTrainConfig, loss_and_grads, policy_logps
+from jaxcore.hf.mapping import params_to_hf
 from torchref.model import load_reference
 
 LOSS_REL_TOL = 1e-5

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import jaxcore
-from jaxcore import lora
-from jaxcore.convert import save_hf
+from jaxcore.hf.convert import save_hf
+from jaxcore.model import lora
 from torchref.model import load_reference, reference_logits
 
 peft = pytest.importorskip("peft")

@@ -5,7 +5,7 @@ import pytest
 
 import jaxcore
 from jaxcore.cli import main as jaxcore_main
-from jaxcore.model_checkpoint import load_model
+from jaxcore.hf.model_checkpoint import load_model
 from torchref.cli import main as torchref_main
 from torchref.model import load_reference, reference_logits
 from torchref.rft.data import make_split, write_json

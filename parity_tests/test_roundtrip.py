@@ -6,8 +6,8 @@ import pytest
 from safetensors.numpy import load_file
 
 import jaxcore
-from jaxcore.convert import read_safetensors
-from jaxcore.model_checkpoint import load_model, save_model, tokenizer_dir
+from jaxcore.hf.convert import read_safetensors
+from jaxcore.hf.model_checkpoint import load_model, save_model, tokenizer_dir
 
 
 def assert_same_tensors(a_dir, b_dir):

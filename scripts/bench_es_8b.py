@@ -32,13 +32,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxcore import eggroll, sharding  # noqa: E402
-from jaxcore.es_trainer import compute_model  # noqa: E402
-from jaxcore.generate import generate  # noqa: E402
-from jaxcore.memory_plan import GB, plan_es, refusal  # noqa: E402
-from jaxcore.model import create_model  # noqa: E402
-from jaxcore.model_config import config_from_hf  # noqa: E402
-from jaxcore.plan_check import accelerator_memory, parse_bytes  # noqa: E402
+from jaxcore.es import eggroll  # noqa: E402
+from jaxcore.es.algorithm import compute_model  # noqa: E402
+from jaxcore.inference.generate import generate  # noqa: E402
+from jaxcore.model.config import config_from_hf  # noqa: E402
+from jaxcore.model.transformer import create_model  # noqa: E402
+from jaxcore.parallel import sharding
+from jaxcore.runtime.memory import GB, plan_es, refusal  # noqa: E402
+from jaxcore.runtime.plan_check import accelerator_memory, parse_bytes  # noqa: E402
 
 
 def timed(fn):

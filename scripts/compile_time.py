@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcore import eggroll
-from jaxcore.generate import _decode, _prefill, bucket_length, generate
-from jaxcore.model import create_model
-from jaxcore.model_config import config_from_hf
-from jaxcore.sampling import SamplingConfig
-from jaxcore.tiny import hf_config
+from jaxcore.es import eggroll
+from jaxcore.hf.tiny import hf_config
+from jaxcore.inference.generate import _decode, _prefill, bucket_length, generate
+from jaxcore.inference.sampling import SamplingConfig
+from jaxcore.model.config import config_from_hf
+from jaxcore.model.transformer import create_model
 
 
 def model_of_depth(layers: int, hidden: int) -> nnx.Module:

@@ -52,10 +52,10 @@ def main() -> None:
     import jax
 
     import jaxcore
-    from jaxcore import eggroll
     from jaxcore.bench import BenchOptions, bench_checkpoint
     from jaxcore.commands.bench import default_dtype
-    from jaxcore.generate import generate
+    from jaxcore.es import eggroll
+    from jaxcore.inference.generate import generate
 
     args.dtype = args.dtype or default_dtype(jax.default_backend())
 
@@ -67,7 +67,7 @@ def main() -> None:
     if args.what == "grpo":
         from jaxcore.bench.grpo import jax_step, shapes, synthetic_batch
         from jaxcore.bench.roofline import model_shape
-        from jaxcore.grpo_step import GRPOTrainConfig
+        from jaxcore.grpo.step import GRPOTrainConfig
 
         opts = BenchOptions(preset=args.preset, dtype=args.dtype)
         rows, prompt_len, completion_len = shapes(opts, model_shape(model).total_params())

@@ -162,7 +162,7 @@ def test_incompatible_config_is_refused_naming_the_field(tiny_dir, out, capsys, 
 
 
 def test_allow_changes_and_harmless_changes_resume(tiny_dir, out, capsys, caplog):
-    caplog.set_level(logging.INFO, logger="jaxcore.run_guard")
+    caplog.set_level(logging.INFO, logger="jaxcore.runtime.run_guard")
     code, err = run_cli(capsys, "es", "--resume", "--resume-allow-changes",
                         *es_args(tiny_dir("llama"), out, "train.epochs=3", *FAST, "es.sigma=0.5"))
     assert code == 0, err
@@ -187,8 +187,8 @@ def test_a_locked_out_dir_is_refused_before_the_task_or_model_loads(tiny_dir, tm
                                                                     command):
     """The lock is the first thing a run takes: a second run on a busy out_dir stops at once, without
     building its task or loading its model."""
-    from jaxcore import model_checkpoint, train
-
+    from jaxcore.hf import model_checkpoint
+    from jaxcore.runtime import runner as train
     def forbidden(*args, **kwargs):
         raise AssertionError("task built or model loaded before the out_dir lock was checked")
 
@@ -207,8 +207,8 @@ def test_a_fresh_run_over_checkpoints_is_refused_before_the_task_or_model_loads(
                                                                                  monkeypatch, command):
     """Without --resume, an out_dir that holds checkpoints is refused (one line, exit 2) before the task is
     built or the model loaded, and its checkpoints are left as they were."""
-    from jaxcore import model_checkpoint, train
-
+    from jaxcore.hf import model_checkpoint
+    from jaxcore.runtime import runner as train
     def forbidden(*args, **kwargs):
         raise AssertionError("task built or model loaded before the out_dir's checkpoints were checked")
 
@@ -239,7 +239,7 @@ def test_an_empty_lock_is_not_taken_for_stale(tiny_dir, out, capsys):
 
 def test_the_lock_appears_complete_or_not_at_all(tmp_path, monkeypatch):
     """The lock name is published (hard link) only after the private file holds the whole pid/host record."""
-    from jaxcore.run_guard import OutDirLock
+    from jaxcore.runtime.run_guard import OutDirLock
 
     real_link, seen = os.link, []
 
@@ -258,7 +258,7 @@ def test_the_lock_appears_complete_or_not_at_all(tmp_path, monkeypatch):
 
 RACER = textwrap.dedent("""
     import sys, time
-    from jaxcore.run_guard import OutDirLock, OutDirLockedError
+    from jaxcore.runtime.run_guard import OutDirLock, OutDirLockedError
     out, start = sys.argv[1], float(sys.argv[2])
     time.sleep(max(0.0, start - time.time()))
     lock = OutDirLock(out)
@@ -333,7 +333,7 @@ def test_full_disk_in_the_asynchronous_write_keeps_the_last_checkpoint(tiny_dir,
     1, no orbax error logs, step 0 intact even with max_to_keep=1 (old steps go only after a save commits)."""
     from orbax.checkpoint._src.serialization import serialization
 
-    from jaxcore.checkpoint import TrainCheckpointer
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
 
     real_write, real_save, failing = serialization.async_serialize_from_host, TrainCheckpointer.save, []
 
@@ -425,7 +425,7 @@ def _drop_a_suspended_read(module_dir: Path) -> None:
 def test_orbaxs_unretrieved_read_errors_are_not_printed(tmp_path, caplog, package, dropped):
     """A restore that fails on one array leaves orbax's other reads' errors unretrieved; asyncio's multi-line
     report of them would break the one-line error, so the checkpointer drops it. Others' reports stay."""
-    from jaxcore.checkpoint import TrainCheckpointer
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
 
     TrainCheckpointer(tmp_path / "ckpt")                  # installs the filters
     with caplog.at_level(logging.ERROR, logger="asyncio"):
@@ -438,7 +438,7 @@ def test_orbaxs_unretrieved_read_errors_are_not_printed(tmp_path, caplog, packag
 def test_orbaxs_collected_reads_are_not_printed(tmp_path, monkeypatch, package, dropped):
     """The same failed restore leaves orbax's suspended reads to the garbage collector; their close() raises,
     and the default hook would print that as a traceback. The checkpointer's hook drops those only."""
-    from jaxcore.checkpoint import TrainCheckpointer
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
 
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", reported.append)

@@ -112,7 +112,7 @@ def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path, monkeypatch
     import stat
     import tempfile
 
-    from jaxcore import convert
+    from jaxcore.hf import convert
 
     def write(tmp):
         fd, name = tempfile.mkstemp(dir=tmp)                    # 0600, like some writers

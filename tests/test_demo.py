@@ -2,7 +2,7 @@
 
 import json
 
-from jaxcore.demo import DemoConfig, run_demo
+from jaxcore.demo.run import DemoConfig, run_demo
 
 
 def test_demo_pipeline_writes_summary(tmp_path):

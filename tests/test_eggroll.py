@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import jaxcore
-from jaxcore import eggroll, sharding
-from jaxcore.convert import flat_state
-from jaxcore.generate import _decode, generate
+from jaxcore.es import eggroll
+from jaxcore.hf.convert import flat_state
+from jaxcore.inference.generate import _decode, generate
+from jaxcore.parallel import sharding
 
 
 @pytest.fixture
@@ -130,8 +131,8 @@ def test_population_decode_has_plain_inference_memory_and_no_noise_generation(ll
     assert population["decode"] - plain["decode"] < noise + plain["cache"] // 2
     from flax import nnx
 
-    from jaxcore.model import KVCache
-    from jaxcore.sampling import SamplingConfig
+    from jaxcore.inference.sampling import SamplingConfig
+    from jaxcore.model.transformer import KVCache
 
     graphdef, state = nnx.split(pop)
     cache = KVCache.create(llama.config, 6, 24, jnp.float32)

@@ -20,10 +20,10 @@ import pytest
 from flax import nnx
 
 import jaxcore
-from jaxcore import eggroll
-from jaxcore.es_trainer import member_fitness
-from jaxcore.job_config import ESConfig
-from jaxcore.yaml_config import load_config
+from jaxcore.config.jobs import ESConfig
+from jaxcore.config.yaml_config import load_config
+from jaxcore.es import eggroll
+from jaxcore.es.algorithm import member_fitness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,11 +158,11 @@ def test_reference_lr_translates_as_lr_ref_times_sigma_times_sqrt_n(tiny_dir):
 def test_sgd_es_run_raises_reward_on_warm_model(tmp_path):
     """Countdown-style ES (SGD at a literal learning rate, z-score, greedy) on the demo's warm tiny model."""
     from jaxcore.commands.es import train_es
-    from jaxcore.demo import DemoConfig, warm_start
-    from jaxcore.model_checkpoint import save_model
+    from jaxcore.demo.run import DemoConfig, warm_start
+    from jaxcore.hf.model_checkpoint import save_model
+    from jaxcore.hf.tiny import write_tiny_checkpoint
+    from jaxcore.hf.tokenization import load_tokenizer
     from jaxcore.rewards import get_task
-    from jaxcore.tiny import write_tiny_checkpoint
-    from jaxcore.tokenization import load_tokenizer
 
     base = write_tiny_checkpoint(tmp_path / "base", "llama", preset="tiny", seed=0)
     model, tokenizer = jaxcore.load_hf(base), load_tokenizer(base)

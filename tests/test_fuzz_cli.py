@@ -181,11 +181,11 @@ def write_checkpoints(tiny_dir):
     """write_checkpoints(out) -> out/checkpoints/{0,1} as a 2-epoch `jaxcore es` run with ES_RUN would write them
     (the real algorithm's state and the runner's metadata; no training step is needed to write them)."""
     import jaxcore
-    from jaxcore.es_trainer import EggrollAlgorithm
-    from jaxcore.job_config import ESConfig
-    from jaxcore.tokenization import eos_token_ids, load_tokenizer
-    from jaxcore.train import Runner, make_task
-    from jaxcore.yaml_config import load_config
+    from jaxcore.config.jobs import ESConfig
+    from jaxcore.config.yaml_config import load_config
+    from jaxcore.es.algorithm import EggrollAlgorithm
+    from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
+    from jaxcore.runtime.runner import Runner, make_task
 
     model_dir = tiny_dir("llama")
     model, tokenizer = jaxcore.load_hf(model_dir), load_tokenizer(model_dir)
@@ -284,7 +284,7 @@ def executable(cli: str) -> list[str]:
 INTERRUPTIBLE = """
 import sys
 from pathlib import Path
-import jaxcore.model_checkpoint as mc
+import jaxcore.hf.model_checkpoint as mc
 from jaxcore.cli import main
 real = mc.load_any
 def load_any(*args, **kwargs):

@@ -43,8 +43,8 @@ def test_smollm2_gguf_import_matches_transformers(tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     import jaxcore
-    from jaxcore.generate import generate
-    from jaxcore.tokenization import encode_prompts, load_tokenizer
+    from jaxcore.hf.tokenization import encode_prompts, load_tokenizer
+    from jaxcore.inference.generate import generate
 
     gguf_file = smollm2_gguf()
     assert main(["convert", "--from-gguf", str(gguf_file), "--out", str(tmp_path / "hf")]) == 0

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import jaxcore
-from jaxcore import lora
-from jaxcore.generate import generate
-from jaxcore.grpo import compute_advantages
-from jaxcore.grpo_learner import GRPOLearner
-from jaxcore.grpo_step import GRPOTrainConfig, batch_objective, build_batch
+from jaxcore.grpo.advantages import compute_advantages
+from jaxcore.grpo.learner import GRPOLearner
+from jaxcore.grpo.step import GRPOTrainConfig, batch_objective, build_batch
+from jaxcore.inference.generate import generate
+from jaxcore.model import lora
 
 LORA = lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("all-linear",))
 

@@ -7,7 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcore.grpo import GRPOLossConfig, combine_rewards, compute_advantages, grpo_loss, k3_kl, reward_metrics
+from jaxcore.grpo.advantages import (
+    GRPOLossConfig,
+    combine_rewards,
+    compute_advantages,
+    grpo_loss,
+    k3_kl,
+    reward_metrics,
+)
 
 # --------------------------------------------------------------------------- rewards and advantages
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxcore
-from jaxcore.grpo_learner import GRPOLearner
-from jaxcore.grpo_step import GRPOTrainConfig, loss_and_grads
+from jaxcore.grpo.learner import GRPOLearner
+from jaxcore.grpo.step import GRPOTrainConfig, loss_and_grads
 
 
 def flat(tree) -> dict[str, np.ndarray]:

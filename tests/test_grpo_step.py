@@ -8,9 +8,9 @@ from flax import nnx
 
 import jaxcore
 from jaxcore.bench.grpo import EOS_ID
-from jaxcore.grpo import grpo_loss
-from jaxcore.grpo_learner import GRPOLearner
-from jaxcore.grpo_step import (
+from jaxcore.grpo.advantages import grpo_loss
+from jaxcore.grpo.learner import GRPOLearner
+from jaxcore.grpo.step import (
     GRPOTrainConfig,
     build_batch,
     loss_mask,
@@ -18,8 +18,8 @@ from jaxcore.grpo_step import (
     policy_logps,
     rollout_metrics,
 )
-from jaxcore.logprobs import completion_logprobs
-from jaxcore.sharding import make_mesh
+from jaxcore.inference.logprobs import completion_logprobs
+from jaxcore.parallel.sharding import make_mesh
 
 score = nnx.jit(policy_logps)
 # Adam divides by sqrt(v): fp32 summation-order noise in near-zero gradient entries becomes up to a few
@@ -131,7 +131,7 @@ def sgd_learner(path, load_ref, mesh, fsdp_min_size=2**14) -> GRPOLearner:
     meshes are compared at 1e-6."""
     import optax
 
-    from jaxcore import grpo_learner
+    from jaxcore.grpo import learner as grpo_learner
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grpo_learner, "make_optimizer", lambda cfg: optax.sgd(make_schedule(cfg)))
@@ -150,7 +150,7 @@ def one_device(path, tiny_dir, batch):
 def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
     """Two SGD steps (num_iterations=2, accumulation 2, KL to a reference) on 8 devices as the trainer
     builds them (`make_grpo_mesh`: data x fsdp) give one device's parameters to 1e-6."""
-    from jaxcore.grpo_trainer import make_grpo_mesh
+    from jaxcore.grpo.algorithm import make_grpo_mesh
 
     assert jax.device_count() == 8
     calls = []
@@ -183,8 +183,8 @@ def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
 
 def test_grpo_and_es_build_meshes_with_one_helper(monkeypatch):
     """`grpo.fsdp` and `mesh.model` both go through `sharding.make_mesh` (one way to build meshes)."""
-    from jaxcore import sharding
-    from jaxcore.grpo_trainer import make_grpo_mesh
+    from jaxcore.grpo.algorithm import make_grpo_mesh
+    from jaxcore.parallel import sharding
 
     calls, make = [], sharding.make_mesh
     monkeypatch.setattr(sharding, "make_mesh", lambda sizes, devices=None: calls.append(dict(sizes)) or

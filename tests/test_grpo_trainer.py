@@ -8,13 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxcore import grpo_trainer
 from jaxcore.cli import main
-from jaxcore.convert import read_safetensors
-from jaxcore.job_config import GRPOConfig
+from jaxcore.config.jobs import GRPOConfig
+from jaxcore.config.yaml_config import load_config
+from jaxcore.grpo import algorithm as grpo_trainer
+from jaxcore.hf.convert import read_safetensors
 from jaxcore.rewards import Scorer, get_task
-from jaxcore.train import epoch_seed
-from jaxcore.yaml_config import load_config
+from jaxcore.runtime.runner import epoch_seed
 
 # 4 prompts x 4 completions = 16 rows: two per simulated device.
 TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.prompts_per_epoch=4",
@@ -48,8 +48,8 @@ def host_state(algorithm) -> list[np.ndarray]:
 
 def build(model_path, *overrides):
     """A GRPOAlgorithm, its tokenizer and task, from the same loaders the CLI uses."""
-    from jaxcore.model_checkpoint import load_any
-    from jaxcore.tokenization import eos_token_ids, load_tokenizer
+    from jaxcore.hf.model_checkpoint import load_any
+    from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
 
     cfg = load_config(GRPOConfig, None, grpo_args(model_path, "unused", *overrides))
     model, tok_dir = load_any(model_path)
@@ -60,13 +60,13 @@ def build(model_path, *overrides):
 
 @pytest.fixture(scope="module")
 def warm(tiny_dir, tmp_path_factory) -> dict[str, Path]:
-    """The demo's model: a tiny Llama warm-started on 2-digit addition by `jaxcore.demo.warm_start`,
+    """The demo's model: a tiny Llama warm-started on 2-digit addition by `jaxcore.demo.run.warm_start`,
     saved as HF ("hf") and as a jaxcore checkpoint ("ckpt", what configs/grpo_addition.yaml's
     runs/demo/warm_ckpt holds). A random model scores 0 everywhere, so GRPO would have no signal."""
     import jaxcore
-    from jaxcore.demo import DemoConfig, warm_start
-    from jaxcore.model_checkpoint import save_model
-    from jaxcore.tokenization import load_tokenizer
+    from jaxcore.demo.run import DemoConfig, warm_start
+    from jaxcore.hf.model_checkpoint import save_model
+    from jaxcore.hf.tokenization import load_tokenizer
 
     base, out = tiny_dir("llama"), tmp_path_factory.mktemp("warm")
     model = jaxcore.load_hf(base)
@@ -152,7 +152,7 @@ def test_beta_zero_never_loads_a_reference_model(tiny_dir, monkeypatch):
 
     def fake_load(path, *args, **kwargs):
         loads.append(path)
-        from jaxcore.model_checkpoint import load_any
+        from jaxcore.hf.model_checkpoint import load_any
         return load_any(path, *args, **kwargs)
 
     monkeypatch.setattr(grpo_trainer, "load_any", fake_load)
@@ -183,7 +183,7 @@ def test_non_finite_loss_skips_the_step_and_applies_nothing(warm, monkeypatch):
 
 def test_relative_checkpoint_path_loads(warm, tmp_path, monkeypatch):
     """configs/grpo_addition.yaml names a relative jaxcore checkpoint (runs/demo/warm_ckpt)."""
-    from jaxcore.model_checkpoint import load_any, save_model
+    from jaxcore.hf.model_checkpoint import load_any, save_model
 
     monkeypatch.chdir(tmp_path)
     model, tok_dir = load_any(warm["ckpt"])

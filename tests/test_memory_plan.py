@@ -27,14 +27,17 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcore import eggroll, memory_plan, plan_check, sharding
 from jaxcore.cli import main
-from jaxcore.convert import flat_state
-from jaxcore.generate import _decode, _prefill, bucket_length
-from jaxcore.model import abstract_model
-from jaxcore.model_config import config_from_hf
-from jaxcore.population import MemberNoise, perturbed_model, variable_at
-from jaxcore.sampling import SamplingConfig
+from jaxcore.es import eggroll
+from jaxcore.es.population import MemberNoise, perturbed_model, variable_at
+from jaxcore.hf.convert import flat_state
+from jaxcore.inference.generate import _decode, _prefill, bucket_length
+from jaxcore.inference.sampling import SamplingConfig
+from jaxcore.model.config import config_from_hf
+from jaxcore.model.transformer import abstract_model
+from jaxcore.parallel import sharding
+from jaxcore.runtime import memory as memory_plan
+from jaxcore.runtime import plan_check
 
 LLAMA_8B = Path(__file__).parent / "data" / "llama3.1-8b" / "config.json"
 
@@ -183,10 +186,10 @@ def test_update_terms_match_xla_on_a_pop_model_mesh():
 def test_grpo_terms_match_xla_on_an_fsdp_mesh():
     """The GRPO learner's train step on (data=4, fsdp=2): parameters and AdamW moments (its arguments)
     within 10%, the training phase (gradients + activations + gathered weights) against its temp bytes."""
-    from jaxcore.grpo_learner import GRPOLearner
-    from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig
-    from jaxcore.grpo_trainer import make_grpo_mesh
-    from jaxcore.model import create_model
+    from jaxcore.grpo.algorithm import make_grpo_mesh
+    from jaxcore.grpo.learner import GRPOLearner
+    from jaxcore.grpo.step import GRPOBatch, GRPOTrainConfig
+    from jaxcore.model.transformer import create_model
 
     cfg = llama8b(num_layers=2, hidden_size=256, intermediate_size=768, num_heads=4, num_kv_heads=2, head_dim=64,
                   vocab_size=4096)
@@ -289,7 +292,7 @@ def test_bad_mesh_is_one_line(tmp_path, capsys):
 
 def no_loading(monkeypatch):
     """Fail the test if a trainer reads weights (the refusal must come first)."""
-    from jaxcore import model_checkpoint
+    from jaxcore.hf import model_checkpoint
 
     def load_any(*args, **kwargs):
         raise AssertionError("weights were loaded before the memory check")

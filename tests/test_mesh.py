@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 import jaxcore
-from jaxcore import eggroll, sharding
-from jaxcore.convert import flat_state
-from jaxcore.es_trainer import compute_model, init_opt_state, shard_masters
-from jaxcore.generate import generate
-from jaxcore.population import LowRankPerturbed, variable_at
+from jaxcore.es import eggroll
+from jaxcore.es.algorithm import compute_model, init_opt_state, shard_masters
+from jaxcore.es.population import LowRankPerturbed, variable_at
+from jaxcore.hf.convert import flat_state
+from jaxcore.inference.generate import generate
+from jaxcore.parallel import sharding
 
 
 def train_two_epochs(path, devices, model_size: int):
@@ -62,7 +63,7 @@ def test_mesh_shapes_give_the_same_parameters(reference, model_size):
 def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
     """A checkpoint of masters and Adam state sharded 1/8 over (pop=8, model=1) restores onto
     (pop=1, model=4) over 4 devices: every sharded leaf really changes layout (1/8 -> 1/4 slices)."""
-    from jaxcore.checkpoint import TrainCheckpointer
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
 
     def sharded_state(model_size: int, devices):
         model = jaxcore.load_hf(tiny_dir("llama"))
@@ -133,7 +134,7 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
 
     from flax import nnx
 
-    from jaxcore.generate import _prefill
+    from jaxcore.inference.generate import _prefill
 
     model = jaxcore.load_hf(tiny_dir("llama", tie=True))     # tied: no [H, 259] lm_head (259 % 4 != 0)
     mesh = sharding.es_mesh(4)
@@ -178,8 +179,8 @@ def es_cli(model, out, *extra, resume: bool = False) -> int:
 @pytest.fixture
 def recorded(monkeypatch):
     """The ES algorithms the trainer builds, and the weights every evaluation's generate receives."""
-    from jaxcore import train
-    from jaxcore.trainers import ESTrainer
+    from jaxcore.api import ESTrainer
+    from jaxcore.runtime import runner as train
 
     seen = {"algorithms": [], "eval_weights": []}
     make, gen = ESTrainer.make_algorithm, train.generate
@@ -205,7 +206,7 @@ def per_device_fraction(x: jax.Array) -> float:
 def cli_runs(tiny_dir, tmp_path_factory):
     """A straight 4-epoch run and a 2-epoch run to resume from, both on (pop=8, model=1) with the default
     mesh.shard_min_size (every tiny weight stays replicated)."""
-    from jaxcore.convert import read_safetensors
+    from jaxcore.hf.convert import read_safetensors
 
     model, root = tiny_dir("llama"), tmp_path_factory.mktemp("cli")
     assert es_cli(model, root / "straight", "train.epochs=4") == 0
@@ -214,7 +215,7 @@ def cli_runs(tiny_dir, tmp_path_factory):
 
 
 def assert_same_final(straight: dict, out, model) -> None:
-    from jaxcore.convert import read_safetensors
+    from jaxcore.hf.convert import read_safetensors
 
     resumed, start = read_safetensors(out / "final_hf"), read_safetensors(model)
     assert any(not np.array_equal(straight[k], start[k]) for k in straight)
@@ -271,8 +272,8 @@ def test_cli_resume_on_four_devices(cli_runs, tmp_path):
 
 
 def es_config(path, *overrides):
-    from jaxcore.job_config import ESConfig
-    from jaxcore.yaml_config import load_config
+    from jaxcore.config.jobs import ESConfig
+    from jaxcore.config.yaml_config import load_config
 
     return load_config(ESConfig, None, [f"model.path={path}", "es.population=16", "optimizer.momentum=0.9",
                                         *overrides])
@@ -282,7 +283,7 @@ def es_config(path, *overrides):
 def test_shard_min_size_shards_the_trainers_masters(tiny_dir, min_size, fraction):
     """The trainer's masters and momentum: replicated by default for tiny weights (2**14 elements),
     1/8 per device with mesh.shard_min_size=1, also after an update."""
-    from jaxcore.es_trainer import EggrollAlgorithm
+    from jaxcore.es.algorithm import EggrollAlgorithm
 
     path = tiny_dir("llama")
     extra = [] if min_size is None else [f"mesh.shard_min_size={min_size}"]
@@ -299,7 +300,7 @@ def test_shard_min_size_shards_the_trainers_masters(tiny_dir, min_size, fraction
 def test_updates_on_two_mesh_shapes_in_one_process(tiny_dir):
     """A process that updates on mesh (8, 1) and then on (4, 2) (two trainers, or a test session): the
     second update works (JAX's eager dispatch once mapped its gradient norm onto the first mesh)."""
-    from jaxcore.es_trainer import EggrollAlgorithm
+    from jaxcore.es.algorithm import EggrollAlgorithm
 
     path = tiny_dir("llama")
     for model_size in (1, 2):
@@ -313,7 +314,7 @@ def test_updates_on_two_mesh_shapes_in_one_process(tiny_dir):
 def test_bfloat16_masters(tiny_dir):
     """es.master_dtype=bfloat16: masters and momentum are bf16 (and sharded), an update changes them, and
     the fraction of entries whose fp32 update is rounded away in bf16 is measured (printed)."""
-    from jaxcore.es_trainer import EggrollAlgorithm
+    from jaxcore.es.algorithm import EggrollAlgorithm
 
     path = tiny_dir("llama")
     cfg = es_config(path, "es.master_dtype=bfloat16", "mesh.shard_min_size=1", "optimizer.learning_rate=1e-3")
@@ -382,9 +383,9 @@ def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir):
     """GRPO with fsdp=2: AdamW's moments are sharded like the parameters they mirror (not replicated)."""
     import optax
 
-    from jaxcore.grpo_learner import GRPOLearner
-    from jaxcore.grpo_step import GRPOTrainConfig
-    from jaxcore.grpo_trainer import make_grpo_mesh
+    from jaxcore.grpo.algorithm import make_grpo_mesh
+    from jaxcore.grpo.learner import GRPOLearner
+    from jaxcore.grpo.step import GRPOTrainConfig
 
     learner = GRPOLearner(jaxcore.load_hf(tiny_dir("llama")), GRPOTrainConfig(), mesh=make_grpo_mesh(2),
                           fsdp_min_size=1)
@@ -399,8 +400,8 @@ def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir):
 def test_planner_follows_shard_min_size(tiny_dir):
     """`jaxcore plan`'s master term is the trainer's own per-device master bytes, for either
     mesh.shard_min_size (tiny weights replicated by default, 1/8 each with 1)."""
-    from jaxcore.es_trainer import EggrollAlgorithm
-    from jaxcore.plan_check import plan_es_config
+    from jaxcore.es.algorithm import EggrollAlgorithm
+    from jaxcore.runtime.plan_check import plan_es_config
 
     path = tiny_dir("llama")
     for extra in ([], ["mesh.shard_min_size=1"]):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.tokenization import PromptLengthError, PromptLimit, limit_prompts
+from jaxcore.hf.tokenization import PromptLengthError, PromptLimit, limit_prompts
 
 
 def left_padded(lengths, width):

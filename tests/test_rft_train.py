@@ -23,7 +23,7 @@ def sft_entries(n: int, seed: int = 0) -> list[tuple[str, float, str]]:
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_dir):
-    from jaxcore.tokenization import load_tokenizer
+    from jaxcore.hf.tokenization import load_tokenizer
 
     return load_tokenizer(tiny_dir("llama"))
 

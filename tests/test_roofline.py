@@ -5,7 +5,7 @@ import math
 import pytest
 
 from jaxcore.bench import roofline
-from jaxcore.tiny import PRESETS, preset_config
+from jaxcore.hf.tiny import PRESETS, preset_config
 
 # q 8x8, k/v 8x4, o 8x8, gate/up 8x16, down 16x8 = 576 per layer; 2 layers + LM head 10x8 = 1232
 SHAPE = roofline.Shape(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10, tie=False)
@@ -135,7 +135,7 @@ def test_gpt2_decode_reads_the_position_row_and_no_gate():
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gpt2"])
 def test_model_shape_counts_a_loaded_model(tiny_dir, family):
     import jaxcore
-    from jaxcore.convert import flat_state
+    from jaxcore.hf.convert import flat_state
 
     model = jaxcore.load_hf(tiny_dir(family))
     shape = roofline.model_shape(model)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.convert import read_safetensors
-from jaxcore.job_config import ESConfig
-from jaxcore.yaml_config import load_config
+from jaxcore.config.jobs import ESConfig
+from jaxcore.config.yaml_config import load_config
+from jaxcore.hf.convert import read_safetensors
 
 TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
             "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16",
@@ -154,9 +154,9 @@ def test_resume_without_checkpoint_is_a_clear_error(tiny_dir, tmp_path, capsys):
 def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, tmp_path, monkeypatch):
     import jax.numpy as jnp
 
-    from jaxcore import eggroll
     from jaxcore.commands.es import train_es
-    from jaxcore.train import TrainingError
+    from jaxcore.es import eggroll
+    from jaxcore.runtime.runner import TrainingError
 
     real = eggroll.estimate_gradient
 
@@ -174,7 +174,7 @@ def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, t
         train_es(cfg)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped"] for r in records] == [False, True, False, True, True]
-    from jaxcore.checkpoint import TrainCheckpointer
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
 
     ckpt = TrainCheckpointer(out / "checkpoints")
     assert ckpt.latest_step() == 2                  # epochs 3 and 4 never wrote a checkpoint
@@ -191,9 +191,9 @@ def hanging_reward(completions, examples):
 
 
 def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_dir, tmp_path, monkeypatch):
-    from jaxcore import train
     from jaxcore.commands.es import train_es
     from jaxcore.rewards import get_task
+    from jaxcore.runtime import runner as train
 
     base = get_task("addition", digit_match_weight=1.0)
     task = dataclasses.replace(base, reward_fns={**base.reward_fns, "crash": raising_reward, "hang": hanging_reward},
@@ -237,7 +237,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tiny_dir, tmp_path):
 
 
 def test_resumed_summary_reads_the_held_out_reward_before_training_from_the_log(tmp_path):
-    from jaxcore.train import Runner
+    from jaxcore.runtime.runner import Runner
 
     log = tmp_path / "metrics.jsonl"
     rows = [{"step": 0, "eval/reward": 0.25}, {"step": 1, "reward": 0.5}, {"step": 2, "eval/reward": 0.75},
@@ -256,7 +256,7 @@ class StubAlgorithm:
     model = None
 
     def train_step(self, epoch, examples, scorer):
-        from jaxcore.train import StepResult
+        from jaxcore.runtime.runner import StepResult
 
         return StepResult({"reward": 0.5})
 
@@ -272,8 +272,8 @@ def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypat
                                                               before):
     """train.eval_every=0 means "only at the end" (as in TRL): one held-out evaluation after the last epoch and
     none before training; otherwise before training, every eval_every epochs and after the last."""
-    from jaxcore.metrics import read_metrics
-    from jaxcore.train import Runner, make_task
+    from jaxcore.runtime.metrics import read_metrics
+    from jaxcore.runtime.runner import Runner, make_task
 
     cfg = ESConfig()
     t = cfg.train

@@ -17,8 +17,8 @@ from transformers.generation.logits_process import (
 )
 
 import jaxcore
-from jaxcore.generate import generate
-from jaxcore.sampling import SamplingConfig, filter_logits, sample_next
+from jaxcore.inference.generate import generate
+from jaxcore.inference.sampling import SamplingConfig, filter_logits, sample_next
 
 DRAWS = 40_000
 LOGITS = np.array([2.0, 1.6, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, -2.0, -3.0], np.float32)

@@ -11,14 +11,16 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 import jaxcore
-from jaxcore import convert, hf_mapping, sharding
-from jaxcore.convert import CheckpointError, flat_state, read_safetensors
-from jaxcore.job_config import ESConfig, GRPOConfig
-from jaxcore.model_checkpoint import load_any, load_model, save_model
+from jaxcore.config.jobs import ESConfig, GRPOConfig
+from jaxcore.hf import convert
+from jaxcore.hf import mapping as hf_mapping
+from jaxcore.hf.convert import CheckpointError, flat_state, read_safetensors
+from jaxcore.hf.model_checkpoint import load_any, load_model, save_model
+from jaxcore.parallel import sharding
 
 
 class Reads:
-    """Wraps `safe_open` in jaxcore.convert and records every tensor read: (key, elements, whole?)."""
+    """Wraps `safe_open` in jaxcore.hf.convert and records every tensor read: (key, elements, whole?)."""
 
     def __init__(self, monkeypatch):
         self.reads: list[tuple[str, int, bool]] = []
@@ -237,7 +239,7 @@ def test_load_targets_follow_the_trainers_layout():
 
 def test_es_run_loads_masters_straight_into_their_shards(tiny_dir, tmp_path):
     from jaxcore.errors import UserError
-    from jaxcore.train import run_training
+    from jaxcore.runtime.runner import run_training
 
     cfg = ESConfig()
     cfg.model.path, cfg.train.out_dir, cfg.mesh.model = str(tiny_dir("llama")), str(tmp_path / "out"), 2

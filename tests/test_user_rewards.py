@@ -197,7 +197,7 @@ def test_python_api_with_callable_and_list_dataset(tmp_path, tiny_dir, trainer_n
 def test_reward_model_directory_scores_like_trl(tmp_path):
     import torch
 
-    from jaxcore.tokenization import load_tokenizer
+    from jaxcore.hf.tokenization import load_tokenizer
 
     model = reward_model_dir(tmp_path)
     fns, _ = resolve_rewards([f"model:{tmp_path / 'rm'}"])
@@ -244,8 +244,8 @@ def reward_model_dir(tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from jaxcore.tiny import write_tiny_checkpoint
-    from jaxcore.tokenization import load_tokenizer
+    from jaxcore.hf.tiny import write_tiny_checkpoint
+    from jaxcore.hf.tokenization import load_tokenizer
 
     tok_dir = write_tiny_checkpoint(tmp_path / "tok", "llama")
     config = LlamaConfig(vocab_size=load_tokenizer(tok_dir).vocab_size + 8, hidden_size=32, intermediate_size=64,

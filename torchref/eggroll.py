@@ -2,7 +2,7 @@
 
 Factors come from jaxcore as arrays (so this module needs no JAX random numbers): per jaxcore
 parameter path, member i's `a_IR` and `b_OR` with sign and sigma/sqrt(r) folded into b
-(`jaxcore.population.MemberNoise.of_member`). Member i's forward adds `(x @ a_i) @ b_i.T` to the
+(`jaxcore.es.population.MemberNoise.of_member`). Member i's forward adds `(x @ a_i) @ b_i.T` to the
 output of the HF module that owns the matrix (forward hooks on `nn.Linear` and GPT-2's `Conv1D`;
 GPT-2's fused `c_attn` receives its q, k and v terms side by side).
 """
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from jaxcore.hf_mapping import tensor_maps
-from jaxcore.model_config import ModelConfig
+from jaxcore.hf.mapping import tensor_maps
+from jaxcore.model.config import ModelConfig
 
 
 def _module_and_slot(cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:
@@ -96,7 +96,7 @@ def _vector_delta(cfg: ModelConfig, path: str, delta: Any, target: torch.Tensor)
 
 
 def shape_fitness(fitness_N: torch.Tensor, mode: str = "zscore", group_size: int | None = None) -> torch.Tensor:
-    """The same shaping as jaxcore.eggroll.shape_fitness (population variance, average ranks for ties)."""
+    """The same shaping as jaxcore.es.eggroll.shape_fitness (population variance, average ranks for ties)."""
     f = fitness_N.double()
     if mode == "zscore":
         return ((f - f.mean()) / torch.sqrt(f.var(unbiased=False) + 1e-5)).float()

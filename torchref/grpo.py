@@ -1,6 +1,6 @@
 """The GRPO reference in PyTorch, written the way TRL's GRPOTrainer computes it, on the HF model.
 
-Takes the same batch layout as `jaxcore.grpo_step.GRPOBatch` (any object with its attribute names):
+Takes the same batch layout as `jaxcore.grpo.step.GRPOBatch` (any object with its attribute names):
 `input_ids_BT`, `attention_mask_BT`, per-token arrays over L = T - 1 positions (position t scores
 token t + 1), `advantages_B`, `truncated_B`, optional `old_logp_BL` / `ref_logp_BL`.
 """

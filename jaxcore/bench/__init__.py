@@ -17,7 +17,7 @@ SUITES = ("generate", "es", "grpo", "rft")
 
 @dataclasses.dataclass
 class BenchOptions:
-    preset: str = "bench"            # tiny checkpoint preset (jaxcore.tiny.PRESETS)
+    preset: str = "bench"            # tiny checkpoint preset (jaxcore.hf.tiny.PRESETS)
     family: str = "llama"
     dtype: str = "float32"           # jaxcore compute dtype (`jaxcore bench` defaults to bfloat16 on GPU)
     quick: bool = False              # smaller shapes, for tests
@@ -86,7 +86,7 @@ def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:
     """The documented bench model (written once under options.workdir; `quick` uses the tiny preset)."""
     from pathlib import Path
 
-    from jaxcore.tiny import PRESET_FAMILY, write_tiny_checkpoint
+    from jaxcore.hf.tiny import PRESET_FAMILY, write_tiny_checkpoint
 
     if options.preset == "smollm2-135m-instruct":          # the real model, where it is installed
         real = Path("models/smollm2-135m-instruct")
@@ -103,7 +103,7 @@ def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:
 
 def model_summary(model: Any) -> dict[str, Any]:
     """Shape of a jaxcore model, for the bench report."""
-    from jaxcore.convert import flat_state
+    from jaxcore.hf.convert import flat_state
 
     cfg = model.config
     params = sum(int(v.size) for v in flat_state(model).values())

@@ -50,8 +50,8 @@ def generate_bytes(model: Any, ids: np.ndarray, new_tokens: int) -> dict[str, in
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxcore.generate import _decode, _prefill, bucket_length
-    from jaxcore.sampling import SamplingConfig
+    from jaxcore.inference.generate import _decode, _prefill, bucket_length
+    from jaxcore.inference.sampling import SamplingConfig
 
     graphdef, state = nnx.split(model)
     length = bucket_length(ids.shape[1])
@@ -71,10 +71,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
     import jax.numpy as jnp
 
     import jaxcore
-    from jaxcore import eggroll
-    from jaxcore.convert import flat_state
-    from jaxcore.generate import generate
-    from jaxcore.population import variable_at
+    from jaxcore.es import eggroll
+    from jaxcore.es.population import variable_at
+    from jaxcore.hf.convert import flat_state
+    from jaxcore.inference.generate import generate
 
     s = shapes(options)
     model = jaxcore.load_hf(bench_checkpoint(options), dtype=options.dtype)

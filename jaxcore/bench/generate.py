@@ -1,4 +1,4 @@
-"""generate.jax_over_hf: tokens/s of jaxcore.generate over HF `generate` on the same model and batch.
+"""generate.jax_over_hf: tokens/s of jaxcore.inference.generate over HF `generate` on the same model and batch.
 
 Greedy decoding of `new_tokens` tokens for `batch` prompts of `prompt_len` tokens, no EOS, so both
 produce exactly batch * new_tokens tokens. JAX compile time is excluded by a warm-up call.
@@ -42,7 +42,7 @@ def prefill_call(model: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int)
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxcore.generate import _cast_floating, _prefill, bucket_length, pad_left
+    from jaxcore.inference.generate import _cast_floating, _prefill, bucket_length, pad_left
 
     length = bucket_length(ids.shape[1])
     ids_p, mask_p = (jnp.asarray(x) for x in pad_left(ids, mask, length, 0))
@@ -62,7 +62,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     import torch
 
     import jaxcore
-    from jaxcore.generate import generate
+    from jaxcore.inference.generate import generate
     from torchref.model import load_reference
 
     path = bench_checkpoint(options)

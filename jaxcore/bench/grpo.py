@@ -24,11 +24,11 @@ from jaxcore.bench import (
     model_summary,
     torch_device,
 )
-from jaxcore.grpo import compute_advantages
-from jaxcore.grpo_learner import GRPOLearner
-from jaxcore.grpo_step import GRPOBatch, GRPOTrainConfig, build_batch
+from jaxcore.grpo.advantages import compute_advantages
+from jaxcore.grpo.learner import GRPOLearner
+from jaxcore.grpo.step import GRPOBatch, GRPOTrainConfig, build_batch
 
-PAD_ID, EOS_ID = 0, 2          # jaxcore.tiny's special tokens
+PAD_ID, EOS_ID = 0, 2          # jaxcore.hf.tiny's special tokens
 
 
 def synthetic_batch(vocab_size: int, batch_size: int, prompt_len: int, completion_len: int, *,
@@ -164,7 +164,7 @@ def bf16_vs_fp32(path: str | Path, *, steps: int = 8, batch_size: int = 8, promp
     curve divided by max |loss_fp32|; `nll_max_rel_dev`, the max per-step relative deviation of the
     completions' mean negative log-likelihood (a positive, well-scaled curve).
     """
-    from jaxcore.convert import read_hf_config
+    from jaxcore.hf.convert import read_hf_config
 
     path = Path(path)
     vocab = read_hf_config(path)["vocab_size"]

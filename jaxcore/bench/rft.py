@@ -18,7 +18,7 @@ from jaxcore.bench import BenchOptions, device_info
 
 
 def _checkpoint(options: BenchOptions, preset: str) -> Path:
-    from jaxcore.tiny import write_tiny_checkpoint
+    from jaxcore.hf.tiny import write_tiny_checkpoint
 
     path = Path(options.workdir) / f"rft-{options.family}-{preset}"
     if not (path / "config.json").is_file():

@@ -6,7 +6,7 @@ gpt2: `n_embd`, `n_layer`, ...) or a loaded jaxcore model. Conventions (also in 
 - weights are read once per forward step in the compute dtype; the input embedding (and GPT-2's
   learned position table) is a gather of one row per token, the LM head (tied or not) a V x D matmul;
 - the LM head runs only where logits are used: every position in a training step, the last position
-  only in a prefill (`jaxcore.generate` passes `last_only=True`), one position per decode step;
+  only in a prefill (`jaxcore.inference.generate` passes `last_only=True`), one position per decode step;
 - a decode step at cache length L reads the K and V caches up to L and writes one position;
 - FLOPs are 2 per multiply-add; attention counts QK^T and PV over the useful (causal) positions;
 - EGGROLL stores one rank-r factor pair (in + out) x r per noised matrix per antithetic pair, i.e.

@@ -22,11 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.convert import flat_state, load_hf, save_hf
-    from jaxcore.model_checkpoint import load_model, save_model, tokenizer_dir
+    from jaxcore.hf.convert import flat_state, load_hf, save_hf
+    from jaxcore.hf.model_checkpoint import load_model, save_model, tokenizer_dir
 
     if args.from_gguf:
-        from jaxcore.gguf_import import gguf_to_hf
+        from jaxcore.hf.gguf import gguf_to_hf
 
         out = gguf_to_hf(args.from_gguf, args.out)
         model = load_hf(out)                                # checks the mapping is strict-complete

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={args.devices}").strip()
-    from jaxcore.demo import DemoConfig, run_demo
+    from jaxcore.demo.run import DemoConfig, run_demo
 
     run_demo(DemoConfig(out_dir=args.out, epochs=args.epochs, population=args.population, seed=args.seed,
                         warm_steps=args.warm_steps, prompts_per_epoch=args.prompts_per_epoch,

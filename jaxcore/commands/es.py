@@ -27,14 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.trainers import ESTrainer
+    from jaxcore.api import ESTrainer
 
     return run_config_job(args, ESTrainer)
 
 
 def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
     """Load the trainer's config from --config plus overrides, train, and print the held-out reward change."""
-    from jaxcore.yaml_config import load_config
+    from jaxcore.config.yaml_config import load_config
 
     cfg = load_config(trainer_type.config_type, args.config, args.overrides)
     summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
@@ -45,6 +45,6 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
 
 def train_es(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
     """`ESTrainer(args=cfg).train(resume)`: load the model, run EGGROLL, export final_hf when configured."""
-    from jaxcore.trainers import ESTrainer
+    from jaxcore.api import ESTrainer
 
     return ESTrainer(args=cfg).train(resume=resume, allow_changes=allow_changes)

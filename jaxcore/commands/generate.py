@@ -70,15 +70,15 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from jaxcore.errors import UserError
-    from jaxcore.generate import generate
-    from jaxcore.model_checkpoint import load_any
-    from jaxcore.tokenization import (
+    from jaxcore.hf.model_checkpoint import load_any
+    from jaxcore.hf.tokenization import (
         PromptLimit,
         decode_completions,
         encode_prompts_limited,
         eos_token_ids,
         load_tokenizer,
     )
+    from jaxcore.inference.generate import generate
 
     prompts = list(args.prompt) + (read_prompts(args.prompts_file) if args.prompts_file else [])
     if not prompts:

@@ -23,13 +23,13 @@ from jaxcore.commands.es import add_arguments, run_config_job  # noqa: F401  (ad
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.trainers import GRPOTrainer
+    from jaxcore.api import GRPOTrainer
 
     return run_config_job(args, GRPOTrainer)
 
 
 def train_grpo(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
     """`GRPOTrainer(args=cfg).train(resume)`: load the model, run GRPO, export final_hf when configured."""
-    from jaxcore.trainers import GRPOTrainer
+    from jaxcore.api import GRPOTrainer
 
     return GRPOTrainer(args=cfg).train(resume=resume, allow_changes=allow_changes)

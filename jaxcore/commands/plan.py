@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_type(path: str | None, overrides: list[str]) -> type:
     """GRPOConfig when the YAML has a `grpo` section or an override sets grpo.*, else ESConfig."""
-    from jaxcore.job_config import ESConfig, GRPOConfig
-    from jaxcore.yaml_config import read_yaml
+    from jaxcore.config.jobs import ESConfig, GRPOConfig
+    from jaxcore.config.yaml_config import read_yaml
 
     keys = set(read_yaml(path)) if path else set()
     keys |= {o.split("=", 1)[0].split(".", 1)[0] for o in overrides}
@@ -44,11 +44,11 @@ def config_type(path: str | None, overrides: list[str]) -> type:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from jaxcore.config.yaml_config import load_config
     from jaxcore.errors import UserError
-    from jaxcore.memory_plan import largest_multiple, largest_population, refusal
-    from jaxcore.model_config import config_from_hf
-    from jaxcore.plan_check import hf_config_at, mesh_divisor, parse_bytes, plan_config
-    from jaxcore.yaml_config import load_config
+    from jaxcore.model.config import config_from_hf
+    from jaxcore.runtime.memory import largest_multiple, largest_population, refusal
+    from jaxcore.runtime.plan_check import hf_config_at, mesh_divisor, parse_bytes, plan_config
 
     cfg = load_config(config_type(args.config, args.overrides), args.config, args.overrides)
     if args.model_config:

@@ -27,7 +27,8 @@ def prompt_options(args: argparse.Namespace) -> dict[str, Any]:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """--engine and --dtype."""
     parser.add_argument("--engine", choices=ENGINES, default="hf",
-                        help="hf: transformers generate (default); jax: jaxcore.generate on the converted model")
+                        help="hf: transformers generate (default); jax: jaxcore.inference.generate on the "
+                             "converted model")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                         help="inference dtype (auto: bf16 on bf16 GPUs, fp16 on older GPUs with --engine hf, "
                              "fp32 on the CPU)")

@@ -1,4 +1,4 @@
-"""Samplers for datagen and eval: HF `generate` (torch) or `jaxcore.generate`, behind one interface.
+"""Samplers for datagen and eval: HF `generate` (torch) or `jaxcore.inference.generate`, behind one interface.
 
 An engine turns questions into completions, `num_return_sequences` per question, rows question-major.
 `sample_batched` splits a batch of questions into engine calls: `num_return_sequences` in chunks of
@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxcore.convert import CheckpointError, read_hf_config
-from jaxcore.sampling import SamplingConfig
-from jaxcore.tokenization import PromptLimit, decode_completions, eos_token_ids, limit_prompts, load_tokenizer
+from jaxcore.hf.convert import CheckpointError, read_hf_config
+from jaxcore.hf.tokenization import PromptLimit, decode_completions, eos_token_ids, limit_prompts, load_tokenizer
+from jaxcore.inference.sampling import SamplingConfig
 from torchref.rft.errors import RFTError
 from torchref.rft.prompts import PromptFormat, resolve_format
 
@@ -153,13 +153,13 @@ class HFEngine:
 
 
 class JaxEngine:
-    """`jaxcore.generate` on the HF directory converted in memory (or a jaxcore checkpoint)."""
+    """`jaxcore.inference.generate` on the HF directory converted in memory (or a jaxcore checkpoint)."""
 
     def __init__(self, model_dir: str | os.PathLike, params: SamplingParams, *, dtype: str = "auto",
                  chat: str = "auto", template: str | None = None, system: str | None = None) -> None:
         import jax
 
-        from jaxcore.model_checkpoint import load_any, tokenizer_dir
+        from jaxcore.hf.model_checkpoint import load_any, tokenizer_dir
 
         if dtype == "auto":
             dtype = "bfloat16" if jax.default_backend() == "gpu" else "float32"
@@ -178,7 +178,7 @@ class JaxEngine:
     def generate(self, questions: Sequence[str], num_return_sequences: int) -> Generated:
         import jax
 
-        from jaxcore.generate import generate
+        from jaxcore.inference.generate import generate
 
         p = self.params
         ids, mask, _ = limit_prompts(*self.prompt_format.encode(self.tokenizer, questions),

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxcore.convert import CheckpointError, copy_tokenizer_files, read_hf_config, source_dtype
+from jaxcore.hf.convert import CheckpointError, copy_tokenizer_files, read_hf_config, source_dtype
 from torchref.rft.errors import RFTError
 from torchref.rft.precision import DTYPES
 

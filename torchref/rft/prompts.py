@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.tokenization import encode_prompts
+from jaxcore.hf.tokenization import encode_prompts
 from torchref.rft.data import INSTRUCTION
 from torchref.rft.errors import RFTError
 

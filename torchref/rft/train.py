@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jaxcore.convert import CheckpointError, read_hf_config
-from jaxcore.tokenization import load_tokenizer
+from jaxcore.hf.convert import CheckpointError, read_hf_config
+from jaxcore.hf.tokenization import load_tokenizer
 from torchref.rft.data import load_sft
 from torchref.rft.engines import existing_dir
 from torchref.rft.errors import RFTError

@@ -1,0 +1,182 @@
+"""The EGGROLL trainer on the shared runtime (`jaxcore es`).
+
+Every epoch all N members answer the same P prompts G times: rows are laid out member-major
+(member i owns rows [i*P*G, (i+1)*P*G), prompt-major inside). The mesh is ("pop", "model"): rows are
+sharded over "pop", compute weights (and their members' factors) tensor-parallel over "model", and
+each process scores only the rows it holds. Per-member fitness (N floats) is all-gathered and
+shaped; the master weights and optimizer state are sharded over all devices, so each device
+updates only its slice of them, and the compute weights are re-assembled for the next epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxcore.config.jobs import ESConfig
+from jaxcore.es import eggroll
+from jaxcore.hf.convert import flat_state
+from jaxcore.hf.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
+from jaxcore.inference.generate import generate
+from jaxcore.parallel import sharding
+from jaxcore.rewards import Example, Scorer
+from jaxcore.runtime.optim import make_schedule
+from jaxcore.runtime.runner import StepResult
+
+log = logging.getLogger(__name__)
+
+
+def member_fitness(rewards_NPG: np.ndarray, shaping: str) -> np.ndarray:
+    """Fitness per member before shaping; `group_zscore` shapes per prompt across members first."""
+    per_prompt_NP = rewards_NPG.mean(-1)
+    if shaping == "group_zscore":
+        n, p = per_prompt_NP.shape
+        shaped_PN = np.asarray(eggroll.shape_fitness(per_prompt_NP.T.reshape(-1), "group_zscore", group_size=n))
+        return shaped_PN.reshape(p, n).mean(0)
+    return per_prompt_NP.mean(-1)
+
+
+def local_rows(array: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices, host values) of the rows of a row-sharded global array this process holds."""
+    shards = sorted({s.index[0].start or 0: s for s in array.addressable_shards}.items())
+    rows = np.concatenate([np.arange(start, start + s.data.shape[0]) for start, s in shards])
+    return rows, np.concatenate([np.asarray(s.data) for _, s in shards])
+
+
+def allgather_sum(values: np.ndarray) -> np.ndarray:
+    """Sum a host array over processes (each process fills the entries it owns, zeros elsewhere)."""
+    if jax.process_count() == 1:
+        return values
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(values)).sum(0)
+
+
+MASTER_DTYPES = ("float32", "bfloat16")
+
+
+def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = 2**14) -> None:
+    """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
+    each device then updates only its slice, and the optimizer state (initialised from them) follows.
+    Leaves already in place (loaded straight into the masters' layout) are left alone, not copied."""
+    target = sharding.master_shardings(mesh, min_size)
+    flat = flat_state(model)
+    moved = {path: value for path, value in flat.items()
+             if not (isinstance(value, jax.Array) and value.dtype == jax.numpy.dtype(dtype)
+                     and value.sharding.is_equivalent_to(target(path, tuple(value.shape)), value.ndim))}
+    if moved:
+        eggroll.write_params(model, sharding.shard_params(
+            moved, lambda path, shape: target(path, shape).spec, mesh, dtype=dtype))
+
+
+def init_opt_state(optimizer: Any, params: dict[str, jax.Array], mesh: jax.sharding.Mesh) -> Any:
+    """The optimizer state sharded like the masters it mirrors (step counters replicated)."""
+    return jax.jit(optimizer.init, out_shardings=sharding.optimizer_state_shardings(optimizer, params, mesh))(params)
+
+
+def compute_model(model: Any, mesh: jax.sharding.Mesh) -> Any:
+    """A copy of `model` whose weights are in its compute dtype, tensor-parallel over the mesh's
+    "model" axis (replicated over "pop"): re-assembled from the sharded masters once per epoch."""
+    size = mesh.shape[sharding.MODEL]
+    flat = sharding.shard_params(flat_state(model), lambda path, shape: sharding.tensor_parallel_spec(
+        path, shape, sharding.MODEL, size), mesh, dtype=model.dtype)
+    graphdef, state = nnx.split(model)
+    copy = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    eggroll.write_params(copy, flat)
+    return copy
+
+
+class EggrollAlgorithm:
+    """EGGROLL on a jaxcore model: population rollouts, scoring, shaped fitness, optax update."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = ()):
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.eos_token_ids = eos_token_ids
+        es = cfg.es
+        self.plan = eggroll.make_plan(model, eggroll.EggrollConfig(
+            population=es.population, rank=es.rank, sigma=es.sigma, noise_reuse=es.noise_reuse, seed=cfg.train.seed,
+            include_embeddings=es.include_embeddings, include_lm_head=es.include_lm_head, non_matrix=es.non_matrix))
+        if es.master_dtype not in MASTER_DTYPES:
+            raise ValueError(f"es.master_dtype={es.master_dtype!r}: choose {' or '.join(MASTER_DTYPES)}")
+        self.mesh = sharding.es_mesh(cfg.mesh.model)
+        pop_devices = self.mesh.shape[sharding.POP]
+        if es.population % pop_devices:
+            raise ValueError(f"es.population={es.population} must be a multiple of the {pop_devices} devices "
+                             f"of the pop axis")
+        if (es.population // pop_devices) % 2:
+            log.warning("population/devices is odd: antithetic pairs straddle devices (slower)")
+        min_size = cfg.mesh.shard_min_size
+        if min_size < 1:
+            raise ValueError(f"mesh.shard_min_size={min_size} must be >= 1")
+        shard_masters(model, self.mesh, es.master_dtype, min_size)
+        self.rows = sharding.leading_axis(self.mesh, sharding.POP)
+        self.eval_sharding = self.rows          # evaluation: rows over "pop", weights over "model" (eval_model)
+        schedule = make_schedule(cfg.optimizer, cfg.train.epochs)
+        self.optimizer = eggroll.make_optimizer(cfg.optimizer.name, schedule, weight_decay=cfg.optimizer.weight_decay,
+                                                momentum=cfg.optimizer.momentum)
+        self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh)
+
+    def eval_model(self) -> Any:
+        """The model evaluation runs: compute-dtype weights tensor-parallel over "model" (never the
+        FSDP masters, which a forward pass would gather whole onto every device)."""
+        return compute_model(self.model, self.mesh)
+
+    # -- checkpointing -------------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"params": flat_state(self.model), "opt_state": self.opt_state}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        eggroll.write_params(self.model, state["params"])
+        self.opt_state = state["opt_state"]
+
+    # -- one epoch -------------------------------------------------------------------------------
+
+    def rollout_rows(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray, list[Example]]:
+        """Prompt ids/mask for every row (member-major, prompt-major inside) and each row's example."""
+        r = self.cfg.rollout
+        ids, mask, self.prompts_truncated = encode_prompts_limited(
+            self.tokenizer, [e.prompt for e in examples], rollout_prompt_limit(r, self.model.config),
+            r.max_new_tokens, chat_template=r.chat_template, system=r.system_prompt)
+        g, n = r.generations_per_prompt, self.cfg.es.population
+        member_ids, member_mask = np.repeat(ids, g, axis=0), np.repeat(mask, g, axis=0)
+        row_examples = [e for e in examples for _ in range(g)] * n
+        return np.tile(member_ids, (n, 1)), np.tile(member_mask, (n, 1)), row_examples
+
+    def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
+        r, es = self.cfg.rollout, self.cfg.es
+        n, p, g = es.population, len(examples), r.generations_per_prompt
+        ids, mask, row_examples = self.rollout_rows(examples)
+        population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch, out_sharding=self.rows)
+        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
+        result = generate(population, ids, mask, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                          top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, eos_token_ids=self.eos_token_ids,
+                          pad_token_id=self.tokenizer.pad_token_id, key=key, row_sharding=self.rows)
+        rows, tokens = local_rows(result.tokens)
+        _, lengths = local_rows(result.lengths)
+        texts = decode_completions(self.tokenizer, tokens, lengths)
+        scores = scorer.score(texts, [row_examples[i] for i in rows])
+        rewards = np.zeros(n * p * g, np.float64)
+        rewards[rows] = scores.rewards_B
+        rewards = allgather_sum(rewards).reshape(n, p, g)
+        fitness_N = member_fitness(rewards, es.shaping)
+        metrics: dict[str, Any] = {
+            "reward": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_max": float(rewards.max()),
+            "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(lengths)),
+            "num_tokens": int(allgather_sum(np.array([lengths.sum()]))[0]),
+            "prompts/truncated": self.prompts_truncated,
+            **{f"rewards/{k}/mean": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+               for k, v in scores.per_function.items()},
+            **{f"rewards/{k}/failures": v for k, v in scores.failures.items()},
+        }
+        if not np.isfinite(fitness_N).all():
+            return StepResult(metrics, skipped=True, reason="non-finite fitness")
+        shaping = "none" if es.shaping == "group_zscore" else es.shaping    # group shaping already applied
+        self.opt_state, update = eggroll.es_step(self.model, self.plan, self.optimizer, self.opt_state, epoch,
+                                                 fitness_N, shaping, donate_params=True)
+        metrics["grad_norm"] = update["grad_norm"]
+        return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "")

@@ -1,0 +1,344 @@
+"""EGGROLL: low-rank evolution strategies (arXiv:2511.16652), exactly as DESIGN.md states it.
+
+For a weight matrix W [I, O], member i and epoch e (rank r, scale sigma, antithetic pairs)::
+
+    AB = normal(fold_in(fold_in(key_W, e // noise_reuse), i // 2), (I + O, r));  A, B = AB[:I], AB[I:]
+    sign = +1 for even i, -1 for odd i
+    member i uses W + sigma * eps_i,  eps_i = sign * A @ B.T / sqrt(r)     (never materialised)
+    g_W = (1/N) * sum_i f_i * eps_i                                        (one einsum over pairs)
+
+and the optax optimiser receives -g. `eps_i` has unit variance per entry and carries no sigma, so
+E[g] = sigma * grad F for small sigma and an SGD learning rate is Qiu et al.'s alpha
+(`theta += alpha * (1/N) * sum_i z_i eps_i`), independent of sigma.
+
+`key_W` comes from the run seed once per parameter: split per leaf kind (e.g. "attn.q.kernel"),
+then per layer. Norm scales and biases are frozen by default or get full-rank noise
+`sigma * sign * eps` (g uses `sign * eps`); embeddings and the LM head are frozen by default.
+Every factor is regenerated from (seed, epoch, member) alone, on any device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+
+from jaxcore.es.population import MemberNoise, perturbed_model, variable_at
+from jaxcore.hf.convert import flat_state
+from jaxcore.model.transformer import Transformer
+from jaxcore.parallel.sharding import factor_specs
+
+Array = jax.Array
+SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
+_LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class EggrollConfig:
+    """Population and noise settings."""
+
+    population: int = 64            # N members, even (antithetic pairs)
+    rank: int = 1                   # r
+    sigma: float = 0.01
+    noise_reuse: int = 1            # epochs that share one draw of noise
+    seed: int = 0
+    include_embeddings: bool = False
+    include_lm_head: bool = False
+    non_matrix: str = "frozen"      # "frozen" | "full" (full-rank Gaussian noise on norms and biases)
+
+    def __post_init__(self) -> None:
+        if self.population < 2 or self.population % 2:
+            raise ValueError(f"population must be an even number >= 2, got {self.population}")
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.noise_reuse < 1:
+            raise ValueError(f"noise_reuse must be >= 1, got {self.noise_reuse}")
+        if self.non_matrix not in ("frozen", "full"):
+            raise ValueError(f"non_matrix must be 'frozen' or 'full', got {self.non_matrix!r}")
+        if not self.sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseTarget:
+    """One perturbed parameter: its path, shape, and whether its noise is low-rank."""
+
+    path: str
+    shape: tuple[int, ...]
+    low_rank: bool
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class NoisePlan:
+    """Which parameters are perturbed and their per-parameter keys (derived once from the seed)."""
+
+    keys: dict[str, Array]
+    targets: tuple[NoiseTarget, ...] = dataclasses.field(metadata=dict(static=True))
+    config: EggrollConfig = dataclasses.field(metadata=dict(static=True))
+
+
+def _is_embedding(path: str) -> bool:
+    return path in ("embed.table", "pos_embed.table")
+
+
+def select_targets(shapes: dict[str, tuple[int, ...]], cfg: EggrollConfig) -> tuple[NoiseTarget, ...]:
+    """The perturbed parameters of a model with these parameter shapes, in sorted path order."""
+    targets = []
+    for path in sorted(shapes):
+        shape = shapes[path]
+        if _is_embedding(path) and not cfg.include_embeddings:
+            continue
+        if path == "lm_head.kernel" and not cfg.include_lm_head:
+            continue
+        if len(shape) == 2:
+            targets.append(NoiseTarget(path, shape, True))
+        elif cfg.non_matrix == "full":
+            targets.append(NoiseTarget(path, shape, False))
+    return tuple(targets)
+
+
+def _kind_and_layer(path: str) -> tuple[str, int]:
+    match = _LAYER.match(path)
+    return (match.group(2), int(match.group(1))) if match else (path, 0)
+
+
+def parameter_keys(paths: list[str], seed: int) -> dict[str, Array]:
+    """key_W for every path: the seed's key split per leaf kind, then per layer."""
+    kinds: dict[str, int] = {}
+    for path in paths:
+        kind, layer = _kind_and_layer(path)
+        kinds[kind] = max(kinds.get(kind, 0), layer + 1)
+    kind_keys = dict(zip(sorted(kinds), jax.random.split(jax.random.key(seed), len(kinds))))
+    layer_keys = {kind: jax.random.split(kind_keys[kind], count) for kind, count in kinds.items()}
+    return {path: layer_keys[kind][layer] for path in paths for kind, layer in [_kind_and_layer(path)]}
+
+
+def make_plan(model: Transformer, cfg: EggrollConfig) -> NoisePlan:
+    """The noise plan for `model` (keys for every parameter kind/layer, so options never shift them)."""
+    shapes = {path: tuple(value.shape) for path, value in flat_state(model).items()}
+    keys = parameter_keys(sorted(shapes), cfg.seed)
+    targets = select_targets(shapes, cfg)
+    return NoisePlan({t.path: keys[t.path] for t in targets}, targets, cfg)
+
+
+def _pair_key(key_W: Array, epoch: Array, pair: Array, noise_reuse: int) -> Array:
+    return jax.random.fold_in(jax.random.fold_in(key_W, epoch // noise_reuse), pair)
+
+
+def pair_factors(plan: NoisePlan, epoch: Array, pairs: Array) -> dict[str, Array]:
+    """Unscaled noise for the given antithetic pairs: low-rank AB [P, I+O, r], dense eps [P, ...].
+
+    Targets of one kind and shape (the same matrix in every layer) are drawn by one vmapped RNG call over
+    their stacked keys rather than one call each (compile time grows with the number of calls): the
+    same numbers as a draw per target.
+    """
+    cfg = plan.config
+    groups: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for target in plan.targets:
+        shape = (sum(target.shape), cfg.rank) if target.low_rank else target.shape
+        groups.setdefault((_kind_and_layer(target.path)[0], shape), []).append(target.path)
+    out = {}
+    for (_, shape), paths in groups.items():
+        def draw(key: Array, p: Array, shape: tuple[int, ...] = shape) -> Array:
+            return jax.random.normal(_pair_key(key, epoch, p, cfg.noise_reuse), shape, jnp.float32)
+
+        keys_L = jnp.stack([plan.keys[path] for path in paths])
+        drawn_LP = jax.vmap(lambda key: jax.vmap(lambda p: draw(key, p))(pairs))(keys_L)
+        out.update({path: drawn_LP[i] for i, path in enumerate(paths)})
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("out_sharding", "dtype"))
+def member_noise(plan: NoisePlan, epoch: Array, out_sharding: Any = None, dtype: Any = jnp.float32) -> MemberNoise:
+    """The population's perturbations for `epoch`, one set per antithetic pair (made once per epoch).
+
+    `dtype` is the compute dtype the factors are stored in (bf16 halves their memory on GPU).
+    """
+    cfg = plan.config
+    raw = pair_factors(plan, epoch, jnp.arange(cfg.population // 2))
+    low_rank, dense = {}, {}
+    for target in plan.targets:
+        if target.low_rank:
+            ab_PKR = raw[target.path]
+            a_PIR, b_POR = ab_PKR[:, :target.shape[0]], ab_PKR[:, target.shape[0]:]
+            low_rank[target.path] = (a_PIR, b_POR * (cfg.sigma / math.sqrt(cfg.rank)))
+        else:
+            dense[target.path] = raw[target.path] * cfg.sigma
+    noise = jax.tree.map(lambda x: x.astype(dtype), MemberNoise(low_rank, dense))
+    if out_sharding is not None:
+        noise = jax.lax.with_sharding_constraint(noise, out_sharding)
+    return noise
+
+
+def population(model: Transformer, plan: NoisePlan, epoch: int | Array, out_sharding: Any = None) -> Transformer:
+    """The population for `epoch` as a model whose rows are grouped by member (N = plan.config.population).
+
+    With a row sharding `out_sharding` and weights sharded over a model axis, each factor is placed
+    consistently with its weight (a with W's input dim, b with its output dim).
+    """
+    noise = member_noise(plan, jnp.asarray(epoch, jnp.int32), out_sharding=out_sharding, dtype=model.dtype)
+    if isinstance(out_sharding, NamedSharding):
+        noise = _place_factors(model, noise, out_sharding)
+    return perturbed_model(model, noise)
+
+
+def _place_factors(model: Transformer, noise: MemberNoise, rows: NamedSharding) -> MemberNoise:
+    """Reshard the factors of every model-sharded weight to match it (no-op for replicated weights)."""
+    row_axis = rows.spec[0] if len(rows.spec) else None
+    low_rank = dict(noise.low_rank)
+    for path, (a_PIR, b_POR) in noise.low_rank.items():
+        w_sharding = variable_at(model, path).get_value().sharding
+        if isinstance(w_sharding, NamedSharding) and any(w_sharding.spec):
+            a_spec, b_spec = factor_specs(w_sharding.spec, row_axis)
+            low_rank[path] = (jax.device_put(a_PIR, NamedSharding(rows.mesh, a_spec)),
+                              jax.device_put(b_POR, NamedSharding(rows.mesh, b_spec)))
+    return MemberNoise(low_rank, noise.dense)
+
+
+# ----------------------------------------------------------------------------- fitness shaping
+
+
+def centered_ranks(x_N: Array) -> Array:
+    """Ranks mapped linearly to [-0.5, 0.5]; tied values share their average rank."""
+    n = x_N.shape[0]
+    below = (x_N[None, :] < x_N[:, None]).sum(1)
+    equal = (x_N[None, :] == x_N[:, None]).sum(1)
+    rank = below + (equal - 1) / 2.0
+    return rank / max(n - 1, 1) - 0.5
+
+
+def shape_fitness(fitness_N: Any, mode: str = "zscore", group_size: int | None = None) -> Array:
+    """Fitness shaping.
+
+    zscore: (f - mean) / sqrt(var + 1e-5); group_zscore: subtract each group's mean (groups of
+    `group_size` consecutive entries), divide by the global std; centered_rank: ranks in
+    [-0.5, 0.5]; none: unchanged.
+    """
+    f = jnp.asarray(fitness_N, jnp.float32)
+    if mode == "zscore":
+        return (f - f.mean()) / jnp.sqrt(f.var() + 1e-5)
+    if mode == "group_zscore":
+        if not group_size or f.shape[0] % group_size:
+            raise ValueError(f"group_zscore needs a group_size dividing {f.shape[0]}, got {group_size}")
+        grouped = f.reshape(-1, group_size)
+        centred = (grouped - grouped.mean(1, keepdims=True)).reshape(-1)
+        return centred / jnp.sqrt(f.var() + 1e-5)
+    if mode == "centered_rank":
+        return centered_ranks(f)
+    if mode == "none":
+        return f
+    raise ValueError(f"unknown fitness shaping {mode!r}; choose from {', '.join(SHAPING_MODES)}")
+
+
+# ----------------------------------------------------------------------------- the update
+
+
+@functools.partial(jax.jit, static_argnames=("out_sharding",))
+def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
+                      out_sharding: tuple[tuple[str, Any], ...] | None = None) -> dict[str, Array]:
+    """g = (1/N) sum_i f_i eps_i for every perturbed parameter (unit-variance eps, no sigma in it),
+    from regenerated factors: one einsum over the pairs.
+
+    `out_sharding` ((path, sharding) pairs, e.g. the sharded masters'): each device computes only
+    its slice of g (the factors are regenerated from the keys on every device; they are small).
+    """
+    cfg = plan.config
+    n = cfg.population
+    pairs = jnp.arange(n // 2)
+    raw = pair_factors(plan, jnp.asarray(epoch, jnp.int32), pairs)
+    diff_P = fitness_N[0::2] - fitness_N[1::2]              # f_{2p} * (+1) + f_{2p+1} * (-1)
+    grads = {}
+    for target in plan.targets:
+        if target.low_rank:
+            coeff_P = diff_P / (math.sqrt(cfg.rank) * n)
+            ab_PKR = raw[target.path]
+            a_PIR, b_POR = ab_PKR[:, :target.shape[0]], ab_PKR[:, target.shape[0]:]
+            grads[target.path] = jnp.einsum("p,pir,por->io", coeff_P, a_PIR, b_POR)
+        else:
+            grads[target.path] = jnp.tensordot(diff_P / n, raw[target.path], axes=1)
+    for path, target_sharding in out_sharding or ():
+        grads[path] = jax.lax.with_sharding_constraint(grads[path], target_sharding)
+    return grads
+
+
+def make_optimizer(name: str = "sgd", learning_rate: float | optax.Schedule = 1e-3, *,
+                   weight_decay: float = 0.0, momentum: float | None = None,
+                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+    """SGD (default), Adam or AdamW, by name; `learning_rate` may be an optax schedule."""
+    if name == "sgd":
+        opt = optax.sgd(learning_rate, momentum=momentum)
+        return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
+    if name == "adam":
+        return optax.adam(learning_rate, b1=b1, b2=b2)
+    if name == "adamw":
+        return optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose sgd, adam or adamw")
+
+
+def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:
+    """The parameters ES updates (the optimizer state covers only these)."""
+    flat = flat_state(model)
+    return {t.path: flat[t.path] for t in plan.targets}
+
+
+def _apply_update(params: dict[str, Array], opt_state: Any, grads: dict[str, Array],
+                  optimizer: optax.GradientTransformation) -> tuple[dict[str, Array], Any]:
+    """params <- params + optimizer(-g): ES ascends the fitness."""
+    negated = jax.tree.map(jnp.negative, grads)
+    updates, new_state = optimizer.update(negated, opt_state, params)
+    # optax promotes bf16 moments to the fp32 gradient's dtype; keep the state's own (es.master_dtype)
+    new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, opt_state)
+    return optax.apply_updates(params, updates), new_state
+
+
+# The optimizer state is always donated (the caller passes it in and gets the new one back). The
+# parameters are donated only on request: a caller may still hold them through `perturbed_params`
+# or an earlier population. Keeping them costs one extra copy of the perturbed parameters (fp32)
+# while the update runs (measured: 100 MB on the 34M bench model); the trainer, which holds no
+# such references, donates them.
+apply_update = jax.jit(_apply_update, static_argnames=("optimizer",), donate_argnames=("opt_state",))
+apply_update_donating = jax.jit(_apply_update, static_argnames=("optimizer",), donate_argnames=("params", "opt_state"))
+
+
+# Under jit: the eager form adds a sharded square to an unsharded zero imaginary part, and JAX 0.10's
+# eager dispatch then maps the result onto the mesh of an earlier call with the same devices, which fails
+# once two mesh shapes have been used in one process (tests/test_mesh.py has the case).
+global_norm = jax.jit(optax.tree.norm)
+
+
+def write_params(model: Transformer, params: dict[str, Array]) -> None:
+    """Store updated parameters back into the model's variables."""
+    for path, value in params.items():
+        variable_at(model, path).set_value(value)
+
+
+def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransformation, opt_state: Any,
+            epoch: int, fitness_N: Any, shaping: str = "zscore", group_size: int | None = None, *,
+            donate_params: bool = False) -> tuple[Any, dict[str, Any]]:
+    """Shape the (gathered) fitness, estimate g from regenerated factors, and update `model` in place.
+
+    Returns the new optimizer state (the one passed in is consumed: its buffers are donated).
+    Arrays taken from the model before the step (`perturbed_params`, a population) remain valid
+    and keep the old values, unless `donate_params` (saves one copy of the perturbed parameters;
+    only for callers that hold no such arrays, like the trainer). A non-finite update is not
+    applied: the returned metrics say `skipped`.
+    """
+    shaped_N = shape_fitness(fitness_N, shaping, group_size)
+    params = perturbed_params(model, plan)
+    shardings = tuple((k, v.sharding) for k, v in params.items() if isinstance(v.sharding, NamedSharding))
+    grads = estimate_gradient(plan, jnp.asarray(epoch, jnp.int32), shaped_N, out_sharding=shardings or None)
+    grad_norm = float(global_norm(grads))
+    if not math.isfinite(grad_norm):
+        return opt_state, {"grad_norm": grad_norm, "skipped": True}
+    update = apply_update_donating if donate_params else apply_update
+    params, opt_state = update(params, opt_state, grads, optimizer)
+    write_params(model, params)
+    return opt_state, {"grad_norm": grad_norm, "skipped": False}

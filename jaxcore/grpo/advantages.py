@@ -1,0 +1,117 @@
+"""GRPO math with TRL's GRPOTrainer formulas: reward combination and advantages (the loss: `grpo_loss`).
+
+Shapes: B completions (G per prompt, groups contiguous), T completion-token positions.
+Everything here is pure `jnp` and works on sharded global arrays inside `jax.jit`.
+The train step that uses it lives in `jaxcore.grpo.step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcore.grpo.loss import (  # noqa: F401  (the loss lives in grpo_loss; re-exported here)
+    LOSS_TYPES,
+    GRPOLossConfig,
+    aggregate,
+    clip_range,
+    grpo_loss,
+    k3_kl,
+    masked_mean,
+    validate_loss_config,
+)
+
+Array = jax.Array
+
+SCALES = ("group", "batch", "none")
+STD_EPS = 1e-4                      # TRL: advantages / (std + 1e-4)
+
+
+# ----------------------------------------------------------------------------- rewards and advantages
+
+
+def combine_rewards(per_function: Mapping[str, Any], weights: Mapping[str, float] | Sequence[float] | None = None
+                    ) -> Array:
+    """Weighted NaN-aware sum over reward functions: [B] (TRL's `nansum(rewards_per_func * w)`).
+
+    NaN (a function returned None) counts as "not scored" for that function. A completion that no
+    function scored stays NaN, as in current TRL (PR #5902): `compute_advantages` leaves it out of its
+    group's mean/std and gives it advantage 0 (nansum's 0 would bias the baseline).
+    """
+    names = list(per_function)
+    if not names:
+        raise ValueError("combine_rewards needs at least one reward function")
+    if weights is None:
+        w_F = jnp.ones(len(names), jnp.float32)
+    elif isinstance(weights, Mapping):
+        w_F = jnp.asarray([weights[n] for n in names], jnp.float32)
+    else:
+        if len(weights) != len(names):
+            raise ValueError(f"{len(weights)} weights for {len(names)} reward functions")
+        w_F = jnp.asarray(weights, jnp.float32)
+    rewards_BF = jnp.stack([jnp.asarray(per_function[n], jnp.float32) for n in names], axis=1)
+    scored_BF = ~jnp.isnan(rewards_BF)
+    total_B = jnp.where(scored_BF, rewards_BF * w_F, 0.0).sum(1)
+    return jnp.where(scored_BF.any(1), total_B, jnp.nan)
+
+
+def _nanmean(x: Array, axis: int | None) -> Array:
+    valid = ~jnp.isnan(x)
+    return jnp.where(valid, x, 0.0).sum(axis, keepdims=True) / valid.sum(axis, keepdims=True)
+
+
+def _nanstd(x: Array, axis: int | None) -> Array:
+    """Sample std (ddof=1) ignoring NaNs; NaN where fewer than two values (TRL's `nanstd`)."""
+    valid = ~jnp.isnan(x)
+    count = valid.sum(axis, keepdims=True)
+    dev = jnp.where(valid, x - _nanmean(x, axis), 0.0)
+    var = (dev * dev).sum(axis, keepdims=True) / (count - 1)
+    return jnp.where(count > 1, jnp.sqrt(var), jnp.nan)
+
+
+def reward_std(rewards_B: Array, group_size: int, scale: str) -> Array:
+    """The std each advantage is divided by: [B] (per group for "group"/"none", whole batch for "batch")."""
+    rewards_B = jnp.asarray(rewards_B, jnp.float32)
+    if scale == "batch":
+        std = _nanstd(rewards_B, None) if rewards_B.size > 1 else jnp.zeros((1,))
+        return jnp.broadcast_to(std, rewards_B.shape)
+    if group_size == 1:
+        return jnp.zeros_like(rewards_B)
+    return jnp.repeat(_nanstd(rewards_B.reshape(-1, group_size), 1)[:, 0], group_size)
+
+
+def compute_advantages(rewards_B: Array, group_size: int, scale: str = "group") -> Array:
+    """A = r - mean(group), divided by (std + 1e-4) unless scale == "none"; NaN rewards get A = 0.
+
+    `scale`: "group" (per-group sample std), "batch" (sample std over all B rewards), "none".
+    Rows are grouped contiguously: group g is rows [g * group_size, (g + 1) * group_size).
+    """
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(SCALES)}")
+    rewards_B = jnp.asarray(rewards_B, jnp.float32)
+    if rewards_B.ndim != 1 or rewards_B.shape[0] % group_size:
+        raise ValueError(f"rewards of shape {rewards_B.shape} do not split into groups of {group_size}")
+    rewards_NG = rewards_B.reshape(-1, group_size)
+    advantages_B = (rewards_NG - _nanmean(rewards_NG, 1)).reshape(-1)
+    if scale != "none":
+        advantages_B = advantages_B / (reward_std(rewards_B, group_size, scale) + STD_EPS)
+    return jnp.nan_to_num(advantages_B, nan=0.0)
+
+
+def reward_metrics(per_function: Mapping[str, Any], rewards_B: Array, group_size: int, scale: str = "group"
+                   ) -> dict[str, float]:
+    """TRL's reward logs: `reward`, `reward_std`, `rewards/<name>/mean|std` (NaN-aware), and
+    `frac_reward_zero_std` (share of rows whose advantage denominator std is ~0)."""
+    rewards_B = jnp.asarray(rewards_B, jnp.float32)
+    out = {}
+    for name, values in per_function.items():
+        values_B = jnp.asarray(values, jnp.float32)
+        out[f"rewards/{name}/mean"] = float(_nanmean(values_B, None)[0])
+        out[f"rewards/{name}/std"] = float(_nanstd(values_B, None)[0])
+    out["reward"] = float(_nanmean(rewards_B, None)[0])
+    out["reward_std"] = float(_nanstd(rewards_B, None)[0])
+    out["frac_reward_zero_std"] = float(jnp.isclose(reward_std(rewards_B, group_size, scale), 0.0).mean())
+    return out

@@ -1,0 +1,296 @@
+"""The GRPO optimisation step: jit'd forward/backward/AdamW over fp32 master parameters.
+
+Batch layout (TRL's, concatenated): `input_ids_BT` is the left-padded prompt followed by the
+right-padded completion, `attention_mask_BT` marks real tokens, and every per-token array has
+L = T - 1 positions aligned with `jaxcore.inference.logprobs.completion_logprobs`: position t scores token
+t + 1. `completion_mask_BL` is 1 where token t + 1 is a completion token to train on.
+
+    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(beta=0.04), mesh=make_mesh())   # grpo_learner
+    batch = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, eos_ids)
+    metrics = learner.train_on_rollout(batch)     # num_iterations passes over one rollout
+
+Gradient accumulation splits the batch into `gradient_accumulation_steps` strided micro-batches
+(micro-batch k holds rows k, k + n, k + 2n, ...; this keeps every micro-batch evenly spread over
+the data-sharded devices) and runs them in one `lax.scan`. As in TRL, grpo/bnpo/dr_grpo/sapo/luspo
+average the micro-batch losses (and every type averages the entropy bonus), while dapo/cispo/vespo
+divide every micro-batch's token sum by the token count of the whole step. Normalisers are global
+over devices, so a sharded step equals the one-device step.
+The learner (optimiser, reference model, steps per generation, LoRA) is `jaxcore.grpo.learner`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxcore.grpo.advantages import GRPOLossConfig, grpo_loss, masked_mean
+from jaxcore.inference.logprobs import token_entropy, token_logprobs
+from jaxcore.model.lora import LoRAConfig
+from jaxcore.model.transformer import Transformer
+from jaxcore.runtime.optim import lr_schedule
+
+Array = jax.Array
+Params = dict[str, Any]                    # nnx.to_pure_dict of the model's nnx.Param state
+BATCH_AXES = ("data", "fsdp")              # mesh axes the batch is split over (those present)
+SCHEDULES = ("linear", "cosine", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOTrainConfig(GRPOLossConfig):
+    """Loss settings plus the optimiser and step settings (TRL/HF names and defaults)."""
+
+    learning_rate: float = 1e-6
+    lr_schedule: str = "linear"             # TRL's lr_scheduler_type: "linear" (to 0) | "cosine" | "constant"
+    warmup_steps: int = 0                   # linear warmup from 0
+    total_steps: int = 1000                 # horizon of the linear/cosine decay (optimiser steps)
+    weight_decay: float = 0.0               # decoupled (AdamW); matrices only, as HF skips biases/norms
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0              # global-norm clipping; <= 0 disables
+    gradient_accumulation_steps: int = 1
+    steps_per_generation: int | None = None  # micro-batches per rollout (None: gradient_accumulation_steps)
+    num_iterations: int = 1                 # mu: passes over each rollout, reusing stored old_logp
+    mask_truncated_completions: bool = False
+    temperature: float = 1.0                # logits / temperature before log-softmax, as in TRL
+    sync_ref_model: bool = False            # TR-DPO: every ref_model_sync_steps, ref = a * policy + (1 - a) * ref
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    lora: LoRAConfig | None = None          # train only low-rank adapters on the frozen base
+    seed: int = 0                           # LoRA initialisation and dropout
+    compute_dtype: str | None = None        # e.g. "bfloat16"; None keeps the model's (params stay fp32)
+    remat: bool | None = None               # rematerialise each block in the backward; None keeps the model's
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; expected {', '.join(SCHEDULES)}")
+        if self.gradient_accumulation_steps < 1 or self.num_iterations < 1:
+            raise ValueError("gradient_accumulation_steps and num_iterations must be >= 1")
+        if self.generation_steps % self.gradient_accumulation_steps:
+            raise ValueError(f"steps_per_generation={self.generation_steps} must be a multiple of "
+                             f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        if self.sync_ref_model and self.beta == 0.0:
+            raise ValueError("sync_ref_model needs beta != 0 (with beta = 0 there is no reference model)")
+        if self.sync_ref_model and self.lora is not None:
+            raise ValueError("sync_ref_model is not supported with LoRA (the reference is the frozen base)")
+        if self.sync_ref_model and (self.ref_model_sync_steps < 1 or not 0.0 <= self.ref_model_mixup_alpha <= 1.0):
+            raise ValueError("ref_model_sync_steps must be >= 1 and ref_model_mixup_alpha in [0, 1]")
+
+    @property
+    def generation_steps(self) -> int:
+        """TRL's steps_per_generation: micro-batches one rollout is split into."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimiser steps per pass over one rollout."""
+        return self.generation_steps // self.gradient_accumulation_steps
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class GRPOBatch:
+    """One rollout's completions, ready for the loss (see the module docstring for the layout)."""
+
+    input_ids_BT: Array
+    attention_mask_BT: Array
+    completion_mask_BL: Array
+    advantages_B: Array
+    truncated_B: Array                      # bool: the completion hit the length limit (no EOS)
+    old_logp_BL: Array | None = None        # policy log-probs at rollout time (needed when mu > 1)
+    ref_logp_BL: Array | None = None        # reference log-probs (needed when beta != 0)
+
+    def replace(self, **changes: Any) -> GRPOBatch:
+        return dataclasses.replace(self, **changes)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    step: Array
+    params: Params
+    opt_state: Any
+
+
+def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, completion_mask_BC: Any,
+                advantages_B: Any, eos_token_ids: Sequence[int] = ()) -> GRPOBatch:
+    """Concatenate TRL-style prompt/completion arrays into a host-side `GRPOBatch`.
+
+    A completion is truncated when its last real token is not one of `eos_token_ids` (no EOS given:
+    nothing counts as truncated). `completion_mask_BC` is 1 up to and including the EOS.
+    """
+    prompt_mask_BP = np.asarray(prompt_mask_BP, np.int32)
+    completion_ids_BC = np.asarray(completion_ids_BC, np.int32)
+    completion_mask_BC = np.asarray(completion_mask_BC, np.int32)
+    b, p = prompt_mask_BP.shape
+    length_B = completion_mask_BC.sum(1)
+    last_B = completion_ids_BC[np.arange(b), np.maximum(length_B - 1, 0)]
+    truncated_B = (length_B > 0) & ~np.isin(last_B, list(eos_token_ids)) if len(eos_token_ids) else \
+        np.zeros(b, bool)
+    return GRPOBatch(
+        input_ids_BT=np.concatenate([np.asarray(prompt_ids_BP, np.int32), completion_ids_BC], 1),
+        attention_mask_BT=np.concatenate([prompt_mask_BP, completion_mask_BC], 1),
+        completion_mask_BL=np.concatenate([np.zeros((b, p - 1), np.int32), completion_mask_BC], 1),
+        advantages_B=np.asarray(advantages_B, np.float32),
+        truncated_B=truncated_B)
+
+
+def rollout_metrics(batch: GRPOBatch) -> dict[str, float]:
+    """TRL's completion logs for one rollout, plus `rollout_tokens` (prompt + completion tokens; TRL's
+    `num_tokens` is their running sum)."""
+    length_B = np.asarray(batch.completion_mask_BL).sum(1)
+    truncated_B = np.asarray(batch.truncated_B, bool)
+    done_B = length_B[~truncated_B] if (~truncated_B).any() else np.zeros(1)
+    return {"completions/mean_length": float(length_B.mean()), "completions/min_length": float(length_B.min()),
+            "completions/max_length": float(length_B.max()), "completions/clipped_ratio": float(truncated_B.mean()),
+            "completions/mean_terminated_length": float(done_B.mean()),
+            "completions/min_terminated_length": float(done_B.min()),
+            "completions/max_terminated_length": float(done_B.max()),
+            "rollout_tokens": float(np.asarray(batch.attention_mask_BT).sum())}
+
+
+# ----------------------------------------------------------------------------- loss of one batch
+
+
+def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Array, temperature: float = 1.0,
+                 entropy_grad: bool = False) -> tuple[Array, Array]:
+    """Log-prob of every next token and the entropy there (differentiated only with `entropy_grad`):
+    two [B, T-1] arrays.
+
+    The [B, T, V] logits are never sliced (that would cost a copy forward and a pad backward): the
+    last position scores a dummy target and is dropped from the small [B, T] results.
+    """
+    logits_BTV = model(input_ids_BT, attention_mask=attention_mask_BT)
+    if temperature != 1.0:
+        logits_BTV = logits_BTV / temperature
+    targets_BT = jnp.pad(input_ids_BT[:, 1:], ((0, 0), (0, 1)))
+    logp_BT = token_logprobs(logits_BTV, targets_BT)
+    entropy_BT = token_entropy(logits_BTV if entropy_grad else jax.lax.stop_gradient(logits_BTV))
+    return logp_BT[:, :-1], entropy_BT[:, :-1]
+
+
+def loss_mask(batch: GRPOBatch, mask_truncated_completions: bool) -> Array:
+    """The completion mask, with truncated completions removed when asked (TRL's option)."""
+    mask_BL = batch.completion_mask_BL.astype(bool)
+    if mask_truncated_completions:
+        mask_BL = mask_BL & ~batch.truncated_B.astype(bool)[:, None]
+    return mask_BL
+
+
+def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOTrainConfig,
+                    num_items_in_batch: Array | None = None, accumulation_steps: int = 1
+                    ) -> tuple[Array, dict[str, Array]]:
+    """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`."""
+    mask_BL = loss_mask(batch, cfg.mask_truncated_completions)
+    logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.temperature,
+                                       entropy_grad=cfg.entropy_coef != 0.0)
+    ref_logp_BL = batch.ref_logp_BL if cfg.beta != 0.0 else None
+    loss, metrics = grpo_loss(logp_BL, batch.old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, cfg,
+                              num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps)
+    metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)
+    return loss, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg"))
+def _value_and_grad(graphdef: nnx.GraphDef, params: Params, rest: nnx.State, batch: GRPOBatch,
+                    cfg: GRPOTrainConfig) -> tuple[tuple[Array, dict[str, Array]], Params]:
+    def objective(params: Params) -> tuple[Array, dict[str, Array]]:
+        return batch_objective(nnx.merge(graphdef, params, rest), batch, cfg)
+
+    return jax.value_and_grad(objective, has_aux=True)(params)
+
+
+def loss_and_grads(model: Transformer, batch: GRPOBatch, cfg: GRPOTrainConfig
+                   ) -> tuple[Array, dict[str, Array], Params]:
+    """Loss, metrics and d loss / d params (a pure dict shaped like the params) of one whole batch."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    batch = jax.tree.map(jnp.asarray, batch)
+    (loss, metrics), grads = _value_and_grad(graphdef, nnx.to_pure_dict(params), rest, batch, cfg)
+    return loss, metrics, grads
+
+
+# ----------------------------------------------------------------------------- the train step
+
+
+def _micro_batches(batch: GRPOBatch, n: int, sharding: jax.sharding.Sharding | None) -> GRPOBatch:
+    """[B, ...] -> [n, B / n, ...] with micro-batch k = rows k, k + n, ... (stays evenly sharded)."""
+    def split(x: Array) -> Array:
+        x = jnp.swapaxes(x.reshape(x.shape[0] // n, n, *x.shape[1:]), 0, 1)
+        return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+    return jax.tree.map(split, batch)
+
+
+Builder = Callable[[Params, Any, Array | None], Transformer]   # (trainable, frozen, dropout key) -> model
+
+
+def make_train_step(build: Builder, cfg: GRPOTrainConfig, optimizer: optax.GradientTransformation,
+                    micro_batch_sharding: jax.sharding.Sharding | None = None
+                    ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
+    """The un-jitted step(state, frozen, batch, num_items, key): accumulate gradients over micro-batches,
+    clip, AdamW-update (skipped if non-finite). `num_items` is the dapo/cispo/vespo normaliser of the step
+    (TRL: the rollout's active tokens / optimiser steps per rollout); `key` feeds LoRA dropout."""
+    n = cfg.gradient_accumulation_steps
+    schedule = make_schedule(cfg)
+
+    def micro_loss(params: Params, frozen: Any, micro: GRPOBatch, num_items: Array, key: Array | None
+                   ) -> tuple[Array, dict[str, Array]]:
+        return batch_objective(build(params, frozen, key), micro, cfg, num_items, n)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def step(state: TrainState, frozen: Any, batch: GRPOBatch, num_items: Array, key: Array | None
+             ) -> tuple[TrainState, dict[str, Array]]:
+        def accumulate(grads: Params, micro_k: tuple[GRPOBatch, Array]
+                       ) -> tuple[Params, tuple[Array, dict[str, Array]]]:
+            micro, k = micro_k
+            micro_key = None if key is None else jax.random.fold_in(key, k)
+            (loss, metrics), g = grad_fn(state.params, frozen, micro, num_items, micro_key)
+            return jax.tree.map(jnp.add, grads, g), (loss, metrics)
+
+        if n == 1:     # no accumulation buffer, no loop
+            (loss, metrics), grads = grad_fn(state.params, frozen, batch, num_items, key)
+            losses, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            micros = (_micro_batches(batch, n, micro_batch_sharding), jnp.arange(n))
+            grads, (losses, metrics) = jax.lax.scan(accumulate, zeros, micros)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {k: v.mean() for k, v in metrics.items()}   # TRL averages per-micro-batch metrics
+        metrics.update(loss=losses.sum(), grad_norm=optax.tree.norm(grads),
+                       learning_rate=schedule(state.step), loss_tokens=num_items)
+        # A non-finite loss or gradient applies nothing (params, moments and step stay as they were).
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        new_state = TrainState(state.step + 1, params, opt_state)
+        return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state), metrics
+
+    return step
+
+
+# ----------------------------------------------------------------------------- optimiser
+
+
+def make_schedule(cfg: GRPOTrainConfig) -> optax.Schedule:
+    """HF's schedules: linear warmup from 0 to `learning_rate`, then linear/cosine decay to 0 at
+    `total_steps`, or constant."""
+    return lr_schedule(cfg.lr_schedule, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps)
+
+
+def make_optimizer(cfg: GRPOTrainConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW (weight decay on matrices only)."""
+    adamw = optax.adamw(make_schedule(cfg), b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
+                        weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    if cfg.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+    return adamw

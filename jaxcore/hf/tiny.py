@@ -1,0 +1,142 @@
+"""Local HF checkpoints with random weights and a locally built tokenizer (no network).
+
+Used by the tests, the demo and the benchmarks:
+
+    from jaxcore.hf.tiny import write_tiny_checkpoint
+    path = write_tiny_checkpoint("/tmp/tiny-llama", family="llama", preset="tiny")
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
+SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>"}
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# Architecture presets shared by every family (GPT-2 ignores the GQA/head_dim fields).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=None, max_pos=512),
+    # ~34M parameters: the CPU benchmark model.
+    "bench": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vocab=8192, max_pos=1024),
+    # SmolLM2-135M's shape (random weights), for GPU benchmarks.
+    "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152,
+                         max_pos=8192, rope_theta=100000.0, tie=True),
+    # Real model shapes (random weights), for GPU benchmarks and memory planning; `family` is the HF family.
+    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936,
+                         max_pos=32768, rope_theta=1000000.0, tie=True, family="qwen2"),
+    "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936,
+                         max_pos=32768, rope_theta=1000000.0, tie=True, family="qwen2"),
+    "llama3-8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
+                      max_pos=131072, rope_theta=500000.0, tie=False, family="llama",
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+}
+# The family each real-size preset belongs to (others default to the caller's family).
+PRESET_FAMILY = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "qwen2.5-1.5b": "qwen2", "llama3-8b": "llama"}
+
+
+def preset_config(preset: str, family: str | None = None) -> dict[str, Any]:
+    """The HF config dict of a preset (no weights written): e.g. for memory planning or roofline counts."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    family = family or PRESET_FAMILY.get(preset, "llama")
+    vocab = PRESETS[preset]["vocab"] or 256 + len(SPECIAL_TOKENS)
+    return hf_config(family, preset, vocab_size=vocab).to_dict()
+
+
+def build_tokenizer(out_dir: str | os.PathLike) -> Any:
+    """Write a byte-level tokenizer (256 bytes + pad/bos/eos, no merges) that AutoTokenizer loads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=SPECIAL_TOKENS["pad"], bos_token=SPECIAL_TOKENS["bos"],
+        eos_token=SPECIAL_TOKENS["eos"], padding_side="left", chat_template=CHAT_TEMPLATE)
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def hf_config(family: str, preset: str = "tiny", *, vocab_size: int, tie: bool | None = None,
+              **overrides: Any) -> Any:
+    """A transformers config object for `family` at `preset` size."""
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+    p = {k: v for k, v in {**PRESETS[preset], **overrides}.items() if k != "family"}
+    tie = p.get("tie", family in ("qwen3", "gpt2")) if tie is None else tie
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "gpt2":
+        return transformers.GPT2Config(
+            vocab_size=vocab_size, n_embd=p["hidden"], n_layer=p["layers"], n_head=p["heads"],
+            n_inner=p["intermediate"], n_positions=p["max_pos"], tie_word_embeddings=tie, **ids)
+    common = dict(vocab_size=vocab_size, hidden_size=p["hidden"], num_hidden_layers=p["layers"],
+                  num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
+                  intermediate_size=p["intermediate"], max_position_embeddings=p["max_pos"],
+                  tie_word_embeddings=tie, rms_norm_eps=1e-5, **ids)
+    theta = p.get("rope_theta", 10000.0)
+    if family == "llama":
+        scaling = p.get("rope_scaling")
+        if scaling is None and preset == "tiny":
+            scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        rope = {"rope_theta": theta, **(scaling or {"rope_type": "default"})}
+        return transformers.LlamaConfig(**common, rope_parameters=rope)
+    rope = {"rope_theta": theta, "rope_type": "default"}
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common, rope_parameters=rope)
+    head_dim = p.get("head_dim", 32 if preset == "tiny" else p["hidden"] // p["heads"])
+    return transformers.Qwen3Config(**common, head_dim=head_dim, rope_parameters=rope)
+
+
+def _randomise(model: Any, seed: int) -> None:
+    """Give every tensor (norm scales and biases too) non-trivial values, so mapping bugs show."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            if param.ndim >= 2:
+                param.copy_(noise * param.shape[-1] ** -0.5)
+            elif name.endswith("bias"):
+                param.copy_(0.1 * noise)
+            else:
+                param.copy_(1.0 + 0.1 * noise)
+
+
+def write_tiny_checkpoint(out_dir: str | os.PathLike, family: str = "llama", *, preset: str = "tiny",
+                          seed: int = 0, dtype: str = "float32", tie: bool | None = None,
+                          max_shard_size: str | None = None, **overrides: Any) -> Path:
+    """Write an HF model directory (config, safetensors, tokenizer) with random weights."""
+    import torch
+    import transformers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    vocab = PRESETS[preset]["vocab"] or len(tokenizer)
+    config = hf_config(family, preset, vocab_size=vocab, tie=tie, **overrides)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomise(model, seed)
+    model = model.to(getattr(torch, dtype))
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out), **kwargs)
+    finally:
+        transformers.utils.logging.enable_progress_bar()
+    return out

@@ -1,0 +1,136 @@
+"""Batched encode/decode with a model directory's HF tokenizer (left padding, optional chat template)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxcore.errors import PromptLengthError  # noqa: F401  (re-exported)
+from jaxcore.hf.convert import CheckpointError
+from jaxcore.rewards.user_functions import Completion, is_conversation
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLimit:
+    """How long prompts may be: the model's positions, an optional shorter cap, truncate or refuse."""
+
+    max_positions: int
+    max_prompt_length: int | None = None
+    truncate: bool = True               # True: keep the last tokens (left truncation, like TRL); False: refuse
+
+    def prompt_tokens(self, max_new_tokens: int) -> int:
+        """Prompt tokens that fit: the configured cap, and room for `max_new_tokens` in the positions."""
+        return min(self.max_prompt_length or self.max_positions, self.max_positions - max_new_tokens)
+
+
+def limit_prompts(ids_BT: np.ndarray, mask_BT: np.ndarray, limit: PromptLimit, max_new_tokens: int
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Left-padded prompts cut from the left to fit (or refused); returns ids, mask, rows truncated.
+
+    A prompt may keep `limit.prompt_tokens(max_new_tokens)` tokens: at most max_prompt_length, and
+    leaving max_new_tokens positions. Raises `PromptLengthError` when max_new_tokens leaves no room
+    for a prompt, and for a prompt over the limit with truncation off.
+    """
+    if max_new_tokens >= limit.max_positions:
+        raise PromptLengthError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                                f"{limit.max_positions} positions")
+    lengths_B = mask_BT.sum(-1)
+    keep = limit.prompt_tokens(max_new_tokens)
+    truncated = int((lengths_B > keep).sum())
+    if truncated:
+        what = (f"max_prompt_length {keep}" if keep == limit.max_prompt_length else
+                f"the {keep} positions left for a prompt (model {limit.max_positions} - max_new_tokens "
+                f"{max_new_tokens})")
+        if not limit.truncate:
+            raise PromptLengthError(f"{truncated} prompt(s) longer than {what} (longest {int(lengths_B.max())} "
+                                    "tokens); shorten them or enable prompt truncation")
+        log.warning("%d prompt(s) longer than %s (longest %d tokens): keeping their last %d tokens",
+                    truncated, what, int(lengths_B.max()), keep)
+        ids_BT, mask_BT = ids_BT[:, -keep:], mask_BT[:, -keep:]     # left padding: real tokens are on the right
+    return ids_BT, mask_BT, truncated
+
+
+def encode_prompts_limited(tokenizer: Any, prompts: Sequence[str], limit: PromptLimit, max_new_tokens: int, *,
+                           chat_template: bool = False, system: str | None = None
+                           ) -> tuple[np.ndarray, np.ndarray, int]:
+    """`encode_prompts` then `limit_prompts`: ids, mask [B, T] and the number of prompts truncated."""
+    ids, mask = encode_prompts(tokenizer, prompts, chat_template=chat_template, system=system)
+    return limit_prompts(ids, mask, limit, max_new_tokens)
+
+
+def rollout_prompt_limit(rollout: Any, model_config: Any) -> PromptLimit:
+    """The `PromptLimit` of a training config's rollout section for a model."""
+    return PromptLimit(model_config.max_position_embeddings, rollout.max_prompt_length, rollout.truncate_prompts)
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """`AutoTokenizer` from a local directory, left-padding, with a pad token."""
+    from transformers import AutoTokenizer
+
+    if not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
+        raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: cannot load the tokenizer ({str(err).splitlines()[0]})") from err
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def apply_chat_template(tokenizer: Any, prompt: str | list[dict[str, str]], system: str | None = None) -> str:
+    """A prompt (a string as one user turn, or a conversation) rendered with the tokenizer's chat template.
+
+    `system` is prepended unless the conversation already starts with a system message.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise CheckpointError("the tokenizer has no chat_template: conversational prompts and --chat-template "
+                              "need one")
+    messages = list(prompt) if is_conversation(prompt) else [{"role": "user", "content": prompt}]
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system}, *messages]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict[str, str]]], *, chat_template: bool = False,
+                   system: str | None = None, max_length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded int32 ids and attention mask [B, T] for a list of prompts.
+
+    Conversational prompts always go through the chat template (as in TRL); with any of them in the
+    batch, plain strings do too (as a user turn).
+    """
+    templated = chat_template or any(is_conversation(p) for p in prompts)
+    texts = [apply_chat_template(tokenizer, p, system) if templated else p for p in prompts]
+    encoded = tokenizer(list(texts), padding=True, return_tensors="np", add_special_tokens=not templated,
+                        truncation=max_length is not None, max_length=max_length)
+    return encoded["input_ids"].astype(np.int32), encoded["attention_mask"].astype(np.int32)
+
+
+def decode_completions(tokenizer: Any, tokens_BN: Any, lengths_B: Any, *, skip_special_tokens: bool = True
+                       ) -> list[str]:
+    """Text of each completion, up to its length (EOS dropped with the special tokens); each is a `str` that
+    also carries its token ids (`.ids`, TRL's `completion_ids`)."""
+    tokens_BN, lengths_B = np.asarray(tokens_BN), np.asarray(lengths_B)
+    rows = [row[:n].tolist() for row, n in zip(tokens_BN, lengths_B)]
+    texts = tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens)
+    return [Completion(text, ids) for text, ids in zip(texts, rows)]
+
+
+def eos_token_ids(tokenizer: Any, hf_config: dict[str, Any] | None = None) -> tuple[int, ...]:
+    """EOS ids from the tokenizer, config.json and generation_config (all of them, deduplicated)."""
+    ids: list[int] = []
+    sources = [tokenizer.eos_token_id, (hf_config or {}).get("eos_token_id")]
+    for source in sources:
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, (list, tuple)) else [source])
+    return tuple(dict.fromkeys(int(i) for i in ids))

@@ -1,0 +1,166 @@
+"""Batched sampling with a preallocated KV cache.
+
+Left-padded prompts are padded further to a length bucket (so new prompt lengths rarely
+recompile), run through one jitted prefill, then a jitted `lax.while_loop` decode that owns the
+donated cache and stops as soon as every row has finished.
+
+Works for the plain `Transformer` and for an EGGROLL population (`jaxcore.es.eggroll.population`),
+which is the same model with stand-in weights and rows grouped by member.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcore.inference.logprobs import token_logprobs
+from jaxcore.inference.sampling import SamplingConfig, sample_next
+from jaxcore.model.transformer import KVCache, positions_from_mask
+
+Array = jax.Array
+PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class GenerationResult:
+    """Completions, prompt-major when num_return_sequences > 1 (the n samples of prompt 0 first)."""
+
+    tokens: Array      # [R, max_new_tokens] int32, pad_token_id after the end
+    logprobs: Array    # [R, max_new_tokens] float32 log p(token | prefix) under the raw logits; 0 after the end
+    lengths: Array     # [R] generated tokens, EOS included
+    finished: Array    # [R] bool: stopped at an EOS token
+
+    @property
+    def truncated(self) -> Array:
+        """Rows that ran out of max_new_tokens without an EOS."""
+        return ~self.finished
+
+
+def bucket_length(length: int, buckets: Sequence[int] = PROMPT_BUCKETS) -> int:
+    """The smallest bucket >= length (multiples of the largest bucket beyond it)."""
+    for bucket in buckets:
+        if length <= bucket:
+            return bucket
+    top = buckets[-1]
+    return -(-length // top) * top
+
+
+def pad_left(ids_BT: np.ndarray, mask_BT: np.ndarray, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad a batch to `length` columns."""
+    extra = length - ids_BT.shape[1]
+    if extra <= 0:
+        return ids_BT, mask_BT
+    return (np.pad(ids_BT, ((0, 0), (extra, 0)), constant_values=pad_id),
+            np.pad(mask_BT, ((0, 0), (extra, 0)), constant_values=0))
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _cast_floating(state: nnx.State, dtype: Any) -> nnx.State:
+    """Master weights in the compute dtype, so the decode loop streams half the bytes in bf16."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_length"))
+def _prefill(graphdef: nnx.GraphDef, state: nnx.State, ids_BT: Array, mask_BT: Array,
+             cache_length: int) -> tuple[Array, KVCache]:
+    model = nnx.merge(graphdef, state)
+    cache = KVCache.create(model.config, ids_BT.shape[0], cache_length, model.dtype)
+    logits_B1V, cache = model.forward_cached(ids_BT, positions_from_mask(mask_BT), mask_BT, cache,
+                                             jnp.int32(0), last_only=True)
+    return logits_B1V[:, 0], cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "eos_ids", "pad_id"),
+                   donate_argnames=("cache",))
+def _decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: Array, next_position_B: Array,
+            start_index: Array, key: Array, *, max_new_tokens: int, sampling: SamplingConfig,
+            eos_ids: tuple[int, ...], pad_id: int) -> tuple[GenerationResult, KVCache]:
+    model = nnx.merge(graphdef, state)
+    rows = logits_BV.shape[0]
+    eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+
+    def emit(step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN):
+        token_B = sample_next(logits_BV, jax.random.fold_in(key, step), sampling)
+        logprob_B = token_logprobs(logits_BV[:, None], token_B[:, None])[:, 0]
+        token_B = jnp.where(done_B, pad_id, token_B)
+        tokens_BN = tokens_BN.at[:, step].set(token_B)
+        logprobs_BN = logprobs_BN.at[:, step].set(jnp.where(done_B, 0.0, logprob_B))
+        lengths_B = lengths_B + (~done_B).astype(jnp.int32)
+        now_done_B = done_B | jnp.isin(token_B, eos_E)
+        return token_B, now_done_B, lengths_B, tokens_BN, logprobs_BN
+
+    def body(carry):
+        step, cache, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN = carry
+        token_B, now_done_B, lengths_B, tokens_BN, logprobs_BN = emit(
+            step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN)
+        logits_B1V, cache = model.forward_cached(
+            token_B[:, None], (next_position_B + step)[:, None], (~done_B)[:, None], cache,
+            start_index + step, last_only=True)
+        return step + 1, cache, logits_B1V[:, 0], now_done_B, lengths_B, tokens_BN, logprobs_BN
+
+    def keep_going(carry):
+        step, done_B = carry[0], carry[3]
+        return (step < max_new_tokens - 1) & ~jnp.all(done_B)
+
+    init = (jnp.int32(0), cache, logits_BV, jnp.zeros(rows, bool), jnp.zeros(rows, jnp.int32),
+            jnp.full((rows, max_new_tokens), pad_id, jnp.int32), jnp.zeros((rows, max_new_tokens), jnp.float32))
+    step, cache, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN = jax.lax.while_loop(keep_going, body, init)
+    _, done_B, lengths_B, tokens_BN, logprobs_BN = emit(step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN)
+    # Returning the cache lets XLA alias the donated input buffers (no copy into the loop state).
+    return GenerationResult(tokens_BN, logprobs_BN, lengths_B, done_B), cache
+
+
+def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+             eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1, key: Array | None = None,
+             pad_token_id: int = 0, row_sharding: jax.sharding.Sharding | None = None) -> GenerationResult:
+    """Sample `max_new_tokens` per row after left-padded prompts.
+
+    `temperature=0` is greedy. Filters apply in transformers' order (temperature, top-k, top-p,
+    min-p). With `num_return_sequences=n` every prompt is sampled n times, rows prompt-major.
+    `row_sharding` optionally places the rows on a mesh (e.g. sharded over a data axis).
+    """
+    sampling = SamplingConfig(temperature, top_k, top_p, min_p)
+    ids_BT, mask_BT = np.asarray(input_ids_BT, np.int32), np.asarray(attention_mask_BT, np.int32)
+    if ids_BT.ndim != 2 or ids_BT.shape != mask_BT.shape:
+        raise ValueError(f"input_ids {ids_BT.shape} and attention_mask {mask_BT.shape} must both be [B, T]")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if num_return_sequences < 1:
+        raise ValueError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
+    if (mask_BT.sum(-1) == 0).any():
+        raise ValueError(f"prompt rows {np.flatnonzero(mask_BT.sum(-1) == 0).tolist()} are empty (all padding)")
+    if (mask_BT[:, -1] == 0).any():
+        raise ValueError("prompts must be left-padded (attention_mask[:, -1] must be 1)")
+    config = model.config
+    length = bucket_length(ids_BT.shape[1])
+    longest = int(mask_BT.sum(-1).max())        # positions come from the mask: the bucket's padding takes none
+    if longest + max_new_tokens > config.max_position_embeddings and config.learned_positions:
+        raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+                         f"{config.max_position_embeddings} learned positions")
+    ids_BT, mask_BT = pad_left(ids_BT, mask_BT, length, pad_token_id)
+    if num_return_sequences > 1:
+        ids_BT = np.repeat(ids_BT, num_return_sequences, axis=0)
+        mask_BT = np.repeat(mask_BT, num_return_sequences, axis=0)
+    if row_sharding is not None:     # every process holds the same host batch: place it as one global array
+        ids, mask = (jax.make_array_from_callback(x.shape, row_sharding, lambda index, x=x: x[index])
+                     for x in (ids_BT, mask_BT))
+    else:
+        ids, mask = jnp.asarray(ids_BT), jnp.asarray(mask_BT)
+    graphdef, state = nnx.split(model)
+    if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
+        state = _cast_floating(state, model.dtype)      # once per call, not in every decode step
+    logits_BV, cache = _prefill(graphdef, state, ids, mask, cache_length=length + max_new_tokens)
+    next_position_B = mask.sum(-1).astype(jnp.int32)
+    result, _ = _decode(graphdef, state, cache, logits_BV, next_position_B, jnp.int32(length),
+                        key if key is not None else jax.random.key(0), max_new_tokens=max_new_tokens,
+                        sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id))
+    return result

@@ -1,0 +1,359 @@
+"""One decoder-only transformer (Flax NNX) for the Llama, Qwen2/2.5, Qwen3 and GPT-2 families.
+
+The model is written for a single batch of sequences and touches its weights only through
+array operators (``x @ kernel``, ``table[ids]``, ``x @ table.T``, ``.astype``). That is what lets
+``jaxcore.es.eggroll`` swap a weight for a low-rank-perturbed stand-in without the model knowing.
+
+Shape suffixes: B batch, T query length, S key/cache length, D model width, H heads,
+K key/value heads, E head dim, F MLP width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcore.model.config import ModelConfig
+
+Array = jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Preallocated keys/values, one [B, K, S, E] array per layer, plus which slots hold real tokens."""
+
+    keys: list[Array]
+    values: list[Array]
+    valid_BS: Array           # bool: slot holds a real (non-padding) token
+
+    @classmethod
+    def create(cls, config: ModelConfig, batch: int, length: int, dtype: Any) -> KVCache:
+        shape = (batch, config.num_kv_heads, length, config.head_dim)
+        return cls(
+            keys=[jnp.zeros(shape, dtype) for _ in range(config.num_layers)],
+            values=[jnp.zeros(shape, dtype) for _ in range(config.num_layers)],
+            valid_BS=jnp.zeros((batch, length), bool),
+        )
+
+    @property
+    def length(self) -> int:
+        return self.valid_BS.shape[1]
+
+
+def positions_from_mask(attention_mask_BT: Array) -> Array:
+    """Position ids for a left-padded batch, as HF computes them: cumsum(mask) - 1, pads at 0."""
+    mask = attention_mask_BT.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies [E/2] in float32, including HF's `linear` and `llama3` scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    inv_freq = inv_freq.astype(np.float32)
+    params = config.rope_params()
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "linear":
+        return (inv_freq / np.float32(params["factor"])).astype(np.float32)
+    if rope_type == "llama3":
+        factor = params["factor"]
+        low, high = params["low_freq_factor"], params["high_freq_factor"]
+        old_len = params["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv_freq
+
+
+def apply_rope(x_BTHE: Array, positions_BT: Array, inv_freq: np.ndarray) -> Array:
+    """Rotary embedding in HF's half-split layout, with angles computed in float32."""
+    angles_BTe = positions_BT[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
+    angles_BTE = jnp.concatenate([angles_BTe, angles_BTe], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles_BTE), jnp.sin(angles_BTE)
+    x = x_BTHE.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(x_BTHE.dtype)
+
+
+def single_query_attention(q_B1HE: Array, k_BKSE: Array, v_BKSE: Array, mask_B1S: Array, scale: float) -> Array:
+    """Attention for one new token per row (a decode step), equal to `jax.nn.dot_product_attention`.
+
+    GEMMs batched over (row, kv-head) on the cache's [B, K, S, E] layout, with the query heads of a
+    group as rows: no transpose of the cache per step. Logits and softmax in float32.
+    """
+    b, _, h, e = q_B1HE.shape
+    kv_heads = k_BKSE.shape[1]
+    q_BKGE = q_B1HE.reshape(b, kv_heads, h // kv_heads, e)
+    logits_BKGS = jnp.einsum("bkge,bkse->bkgs", q_BKGE, k_BKSE, preferred_element_type=jnp.float32) * scale
+    logits_BKGS = jnp.where(mask_B1S[:, :, None, :], logits_BKGS, jnp.finfo(jnp.float32).min)
+    probs_BKGS = jax.nn.softmax(logits_BKGS, axis=-1).astype(v_BKSE.dtype)
+    return jnp.einsum("bkgs,bkse->bkge", probs_BKGS, v_BKSE).reshape(b, 1, h, e)
+
+
+def _param(value: Array) -> nnx.Param:
+    return nnx.Param(value)
+
+
+def _value(variable: nnx.Variable | None) -> Any:
+    return None if variable is None else variable.get_value()
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel (+ bias); kernel stored [in, out] in the parameter dtype."""
+
+    def __init__(self, d_in: int, d_out: int, bias: bool, *, rngs: nnx.Rngs, param_dtype: Any):
+        init = jax.random.normal(rngs.params(), (d_in, d_out), param_dtype) * 0.02
+        self.kernel = _param(init)
+        self.bias = _param(jnp.zeros((d_out,), param_dtype)) if bias else None
+
+    def __call__(self, x: Array) -> Array:
+        y = x @ _value(self.kernel).astype(x.dtype)
+        if self.bias is not None:
+            y = y + _value(self.bias).astype(x.dtype)
+        return y
+
+
+class Norm(nnx.Module):
+    """RMSNorm (Llama/Qwen) or LayerNorm (GPT-2), normalising in float32."""
+
+    def __init__(self, dim: int, kind: str, eps: float, *, param_dtype: Any):
+        self.kind, self.eps = kind, eps
+        self.scale = _param(jnp.ones((dim,), param_dtype))
+        self.bias = _param(jnp.zeros((dim,), param_dtype)) if kind == "layer" else None
+
+    def __call__(self, x: Array) -> Array:
+        h = x.astype(jnp.float32)
+        if self.kind == "layer":
+            h = h - h.mean(-1, keepdims=True)
+            h = h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + self.eps)
+            h = h * _value(self.scale).astype(jnp.float32) + _value(self.bias).astype(jnp.float32)
+            return h.astype(x.dtype)
+        h = h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + self.eps)
+        return _value(self.scale).astype(x.dtype) * h.astype(x.dtype)
+
+
+def _activation(name: str, x: Array) -> Array:
+    if name == "silu":
+        return jax.nn.silu(x)
+    return jax.nn.gelu(x, approximate=name == "gelu_tanh")
+
+
+class MLP(nnx.Module):
+    """Gated (SwiGLU: down(silu(gate x) * up x)) or plain (down(gelu(up x))) feed-forward."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+        d, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.activation = config.activation
+        self.gate = Linear(d, f, bias, rngs=rngs, param_dtype=param_dtype) if config.gated_mlp else None
+        self.up = Linear(d, f, bias, rngs=rngs, param_dtype=param_dtype)
+        self.down = Linear(f, d, bias, rngs=rngs, param_dtype=param_dtype)
+
+    def __call__(self, x_BTD: Array) -> Array:
+        h_BTF = self.up(x_BTD)
+        if self.gate is not None:
+            h_BTF = _activation(self.activation, self.gate(x_BTD)) * h_BTF
+        else:
+            h_BTF = _activation(self.activation, h_BTF)
+        return self.down(h_BTF)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with GQA, optional q/k RMSNorm (Qwen3), RoPE, and a KV cache."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+        d, e = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, e
+        self.use_rope = not config.learned_positions
+        self.inv_freq = tuple(rope_inverse_frequencies(config).tolist()) if self.use_rope else ()
+        self.q = Linear(d, config.num_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
+        self.k = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
+        self.v = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
+        self.o = Linear(config.num_heads * e, d, config.out_bias, rngs=rngs, param_dtype=param_dtype)
+        norm = (lambda: Norm(e, "rms", config.norm_eps, param_dtype=param_dtype))
+        self.q_norm = norm() if config.qk_norm else None
+        self.k_norm = norm() if config.qk_norm else None
+
+    def __call__(self, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+                 cache_kv: tuple[Array, Array] | None, cache_index: Array | None
+                 ) -> tuple[Array, tuple[Array, Array] | None]:
+        b, t, _ = x_BTD.shape
+        q_BTHE = self.q(x_BTD).reshape(b, t, self.num_heads, self.head_dim)
+        k_BTKE = self.k(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v_BTKE = self.v(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
+        if self.use_rope:
+            inv_freq = np.asarray(self.inv_freq, np.float32)
+            q_BTHE = apply_rope(q_BTHE, positions_BT, inv_freq)
+            k_BTKE = apply_rope(k_BTKE, positions_BT, inv_freq)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if cache_kv is None:
+            out_BTHE = jax.nn.dot_product_attention(q_BTHE, k_BTKE, v_BTKE, mask=mask_BTS[:, None, :, :],
+                                                    scale=scale)
+            return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), None
+        k_cache, v_cache = cache_kv                       # [B, K, S, E]: heads before slots
+        start = (0, 0, cache_index, 0)
+        k_BKSE = jax.lax.dynamic_update_slice(k_cache, k_BTKE.swapaxes(1, 2).astype(k_cache.dtype), start)
+        v_BKSE = jax.lax.dynamic_update_slice(v_cache, v_BTKE.swapaxes(1, 2).astype(v_cache.dtype), start)
+        keys, values = k_BKSE.astype(q_BTHE.dtype), v_BKSE.astype(q_BTHE.dtype)
+        if t == 1:
+            out_BTHE = single_query_attention(q_BTHE, keys, values, mask_BTS, scale)
+        else:
+            out_BTHE = jax.nn.dot_product_attention(q_BTHE, keys.swapaxes(1, 2), values.swapaxes(1, 2),
+                                                    mask=mask_BTS[:, None, :, :], scale=scale)
+        return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), (k_BKSE, v_BKSE)
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+        norm = (lambda: Norm(config.hidden_size, config.norm_type, config.norm_eps,
+                             param_dtype=param_dtype))
+        self.attn_norm = norm()
+        self.attn = Attention(config, rngs=rngs, param_dtype=param_dtype)
+        self.mlp_norm = norm()
+        self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
+
+    def __call__(self, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+                 cache_kv: tuple[Array, Array] | None = None, cache_index: Array | None = None
+                 ) -> tuple[Array, tuple[Array, Array] | None]:
+        with jax.named_scope("attention"):
+            h_BTD, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, mask_BTS,
+                                        cache_kv, cache_index)
+        x_BTD = x_BTD + h_BTD
+        with jax.named_scope("mlp"):
+            x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+        return x_BTD, cache_kv
+
+
+class Embedding(nnx.Module):
+    """Token (or position) table [V, D]; `attend` is the tied LM head."""
+
+    def __init__(self, num: int, dim: int, *, rngs: nnx.Rngs, param_dtype: Any):
+        self.table = _param(jax.random.normal(rngs.params(), (num, dim), param_dtype) * 0.02)
+
+    def __call__(self, ids: Array, dtype: Any) -> Array:
+        return _value(self.table)[ids].astype(dtype)
+
+    def attend(self, x_BTD: Array) -> Array:
+        return x_BTD @ _value(self.table).T.astype(x_BTD.dtype)
+
+
+class Transformer(nnx.Module):
+    """The decoder. `model(input_ids, attention_mask=mask)` returns float32 logits [B, T, V]."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
+                 param_dtype: Any = jnp.float32, remat: bool = False):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.remat = remat
+        self.embed = Embedding(config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype)
+        self.pos_embed = (Embedding(config.max_position_embeddings, config.hidden_size, rngs=rngs,
+                                    param_dtype=param_dtype) if config.learned_positions else None)
+        self.blocks = nnx.List([Block(config, rngs=rngs, param_dtype=param_dtype)
+                                for _ in range(config.num_layers)])
+        self.final_norm = Norm(config.hidden_size, config.norm_type, config.norm_eps,
+                               param_dtype=param_dtype)
+        self.lm_head = (None if config.tie_word_embeddings else
+                        Linear(config.hidden_size, config.vocab_size, False, rngs=rngs,
+                               param_dtype=param_dtype))
+
+    def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+                 positions: Array | None = None) -> Array:
+        """Full forward without a cache (scoring, training): ids [B, T] -> float32 logits [B, T, V].
+
+        `attention_mask` [B, T] marks real tokens (left padding); padded positions give junk logits.
+        """
+        input_ids_BT, attention_mask_BT, positions_BT = input_ids, attention_mask, positions
+        if attention_mask_BT is None:
+            attention_mask_BT = jnp.ones(input_ids_BT.shape, bool)
+        attention_mask_BT = attention_mask_BT.astype(bool)
+        if positions_BT is None:
+            positions_BT = positions_from_mask(attention_mask_BT)
+        t = input_ids_BT.shape[1]
+        causal_TS = jnp.tril(jnp.ones((t, t), bool))
+        mask_BTS = causal_TS[None] & attention_mask_BT[:, None, :]
+        hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, mask_BTS, None, None)
+        return self.logits(hidden_BTD)
+
+    def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
+                       cache: KVCache, cache_index: Array, *, last_only: bool = False
+                       ) -> tuple[Array, KVCache]:
+        """Write T new tokens into cache slots [cache_index, cache_index + T) and attend to the cache.
+
+        Every row writes at the same slot (left padding keeps rows aligned); `valid_BT` marks
+        which of the new tokens are real. Returns logits [B, T, V] (or [B, 1, V] if last_only).
+        """
+        t = input_ids_BT.shape[1]
+        valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT.astype(bool), (0, cache_index))
+        query_slot_T = cache_index + jnp.arange(t)
+        causal_TS = jnp.arange(cache.length)[None, :] <= query_slot_T[:, None]
+        mask_BTS = causal_TS[None] & valid_BS[:, None, :]
+        hidden_BTD, kv = self._trunk(input_ids_BT, positions_BT, mask_BTS,
+                                     list(zip(cache.keys, cache.values)), cache_index)
+        if last_only:
+            hidden_BTD = hidden_BTD[:, -1:]
+        keys, values = (list(x) for x in zip(*kv))
+        return self.logits(hidden_BTD), KVCache(keys, values, valid_BS)
+
+    def logits(self, hidden_BTD: Array) -> Array:
+        """Final norm and LM head; logits are returned in float32."""
+        h_BTD = self.final_norm(hidden_BTD)
+        logits_BTV = self.embed.attend(h_BTD) if self.lm_head is None else self.lm_head(h_BTD)
+        return logits_BTV.astype(jnp.float32)
+
+    def _trunk(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array,
+               cache_kv: list[tuple[Array, Array]] | None, cache_index: Array | None
+               ) -> tuple[Array, list[tuple[Array, Array]] | None]:
+        x_BTD = self.embed(input_ids_BT, self.dtype)
+        if self.pos_embed is not None:
+            x_BTD = x_BTD + self.pos_embed(positions_BT, self.dtype)
+        new_cache = [] if cache_kv is not None else None
+        for i, block in enumerate(self.blocks):
+            layer_kv = cache_kv[i] if cache_kv is not None else None
+            with jax.named_scope(f"block_{i}"):
+                x_BTD, layer_kv = self._run_block(block, x_BTD, positions_BT, mask_BTS, layer_kv,
+                                                  cache_index)
+            if new_cache is not None:
+                new_cache.append(layer_kv)
+        return x_BTD, new_cache
+
+    def _run_block(self, block: Block, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+                   layer_kv: tuple[Array, Array] | None, cache_index: Array | None
+                   ) -> tuple[Array, tuple[Array, Array] | None]:
+        if not self.remat:
+            return block(x_BTD, positions_BT, mask_BTS, layer_kv, cache_index)
+        graphdef, state = nnx.split(block)
+
+        def run(state: nnx.State, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+                layer_kv: tuple[Array, Array] | None, cache_index: Array | None
+                ) -> tuple[Array, tuple[Array, Array] | None]:
+            return nnx.merge(graphdef, state)(x_BTD, positions_BT, mask_BTS, layer_kv, cache_index)
+
+        return jax.checkpoint(run)(state, x_BTD, positions_BT, mask_BTS, layer_kv, cache_index)
+
+
+def create_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
+                 remat: bool = False, seed: int = 0) -> Transformer:
+    """A randomly initialised model (tests and benchmarks; real weights come from `load_hf`)."""
+    return Transformer(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, remat=remat)
+
+
+def abstract_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
+                   remat: bool = False) -> Transformer:
+    """The model with shape-only parameters, to be filled by a checkpoint loader."""
+    return nnx.eval_shape(lambda: create_model(config, dtype=dtype, param_dtype=param_dtype,
+                                               remat=remat))

@@ -1,0 +1,272 @@
+"""Device meshes and shardings (jax.sharding.Mesh + NamedSharding; no pmap), and multi-host init."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+log = logging.getLogger(__name__)
+
+
+def maybe_initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                                 process_id: int | None = None) -> bool:
+    """Call `jax.distributed.initialize` when a multi-host run is configured (args or JAX_* env)."""
+    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not coordinator:
+        return False
+    num_processes = num_processes if num_processes is not None else int(os.environ["JAX_NUM_PROCESSES"])
+    process_id = process_id if process_id is not None else int(os.environ["JAX_PROCESS_ID"])
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id)
+    log.info("jax.distributed: process %d/%d, %d global devices", process_id, num_processes,
+             jax.device_count())
+    return True
+
+
+def make_mesh(axis_sizes: dict[str, int] | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh over all (global) devices. One size may be -1 (the rest); default {"data": -1}."""
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = dict(axis_sizes or {"data": -1})
+    known = math.prod(v for v in sizes.values() if v != -1)
+    for name, size in sizes.items():
+        if size == -1:
+            sizes[name] = len(devices) // known
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(f"mesh axes {sizes} do not multiply to the {len(devices)} available devices")
+    return Mesh(np.asarray(devices).reshape(tuple(sizes.values())), tuple(sizes))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def leading_axis(mesh: Mesh, axis: str | tuple[str, ...]) -> NamedSharding:
+    """Shard the first dimension over `axis` (population or batch), replicate the rest."""
+    return NamedSharding(mesh, P(axis))
+
+
+def fsdp_spec(shape: tuple[int, ...], axis: str, axis_size: int, min_size: int = 2**14) -> P:
+    """Shard the largest dimension divisible by the axis size; small arrays stay replicated."""
+    if math.prod(shape) < min_size or axis_size == 1:
+        return P()
+    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+        if shape[dim] % axis_size == 0:
+            spec: list[str | None] = [None] * len(shape)
+            spec[dim] = axis
+            return P(*spec)
+    return P()
+
+
+def fsdp_shardings(tree: Any, mesh: Mesh, axis: str, min_size: int = 2**14) -> Any:
+    """NamedShardings that FSDP-shard every large leaf of `tree` over `axis`."""
+    size = mesh.shape[axis]
+    return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(tuple(x.shape), axis, size, min_size)), tree)
+
+
+def put_global(array: np.ndarray | jax.Array, sharding: NamedSharding) -> jax.Array:
+    """Place a host array that every process holds in full as a global sharded array."""
+    array = np.asarray(array)
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def replicate_tree(tree: Any, mesh: Mesh) -> Any:
+    """Every array of `tree` replicated over `mesh` (host copies placed per device: multi-process safe)."""
+    sharding = replicated(mesh)
+    return jax.tree.map(lambda x: put_global(np.asarray(x), sharding), tree)
+
+
+def replicate_model(model: Any, mesh: Mesh) -> Any:
+    """Place every parameter of an NNX model on all devices of `mesh` (replicated), in place."""
+    from flax import nnx
+
+    nnx.update(model, replicate_tree(nnx.state(model), mesh))
+    return model
+
+
+# ----------------------------------------------------------------------------- (pop, model) meshes
+
+POP, MODEL = "pop", "model"
+_COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up", "lm_head")   # shard the output dim
+_ROW_PARALLEL = ("attn.o", "mlp.down")                                               # shard the input dim
+
+
+def es_mesh(model_size: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+    """The ES mesh: ("pop", "model"); `model` shards the compute weights, `pop` gets the other devices."""
+    if model_size < 1:
+        raise ValueError(f"mesh.model={model_size} must be >= 1")
+    return make_mesh({POP: -1, MODEL: model_size}, devices)
+
+
+def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size: int) -> P:
+    """Megatron layout: column-parallel q/k/v/gate/up/lm_head (output dim, and their biases),
+    row-parallel o/down (input dim), the embedding table over its hidden dim; the rest replicated."""
+    module, _, leaf = path.rpartition(".")
+    module = module.split(".", 2)[-1] if module.startswith("blocks.") else module
+    dims: list[str | None] = [None] * len(shape)
+    if module in _COLUMN_PARALLEL:
+        dim = len(shape) - 1 if leaf in ("kernel", "bias") else None
+    elif module in _ROW_PARALLEL:
+        dim = 0 if leaf == "kernel" else None
+    elif path == "embed.table":
+        dim = 1
+    else:
+        dim = None
+    if axis_size == 1 or dim is None or shape[dim] % axis_size:
+        return P()
+    dims[dim] = axis
+    return P(*dims)
+
+
+def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_size: int,
+                     min_size: int = 2**14) -> P:
+    """fp32 masters and optimizer state on a (pop, model) mesh of `pop_size * model_size` devices.
+
+    A weight with a tensor-parallel dimension is split along it over "model" exactly as its compute copy
+    is, and over "pop" along its most major dimension that divides (the tensor-parallel one itself, as
+    ("model", "pop"), when that comes first): each device's slice then lies inside its compute slice, and
+    re-assembling the compute weights is a contiguous gather over "pop", never a full weight. Every other
+    leaf is split over all devices along its most major dimension that divides (contiguous gathers
+    again); leaves smaller than `min_size` stay replicated.
+    """
+    devices = pop_size * model_size
+    if math.prod(shape) < min_size or devices == 1:
+        return P()
+    tp = tuple(tensor_parallel_spec(path, shape, MODEL, model_size))
+    tp_dim = next((d for d, axis in enumerate(tp) if axis), None)
+    dims: list[Any] = list(tp) + [None] * (len(shape) - len(tp))
+    if tp_dim is None:
+        major = next((d for d in range(len(shape)) if shape[d] % devices == 0), None)
+        if major is not None:
+            dims[major] = (POP, MODEL)
+        return P(*dims)
+    for d in range(len(shape)) if pop_size > 1 else ():
+        if d == tp_dim and shape[d] % devices == 0:
+            dims[d] = (MODEL, POP)
+            break
+        if d != tp_dim and shape[d] % pop_size == 0:
+            dims[d] = POP
+            break
+    return P(*dims)
+
+
+def master_spec(path: str, shape: tuple[int, ...], mesh: Mesh, min_size: int = 2**14) -> P:
+    """`master_partition` on an ES mesh (`es_mesh`)."""
+    return master_partition(path, shape, mesh.shape[POP], mesh.shape[MODEL], min_size)
+
+
+def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
+    """Shardings for `optimizer.init(params)`: every params-shaped part (moments, momentum) sharded like
+    the params it mirrors, the rest (step counters) replicated. `jit(optimizer.init)` alone would not
+    follow the params: its zeros do not depend on them, so XLA replicates them."""
+    import optax
+
+    abstract = jax.eval_shape(optimizer.init, params)
+    return optax.tree_utils.tree_map_params(optimizer, lambda _, p: p.sharding, abstract, params,
+                                            transform_non_params=lambda _: replicated(mesh))
+
+
+def factor_specs(w_spec: P, row_axis: str | None) -> tuple[P, P]:
+    """Specs of a pair's factors a [P, I, r], b [P, O, r] consistent with their weight's spec (I, O)."""
+    w_in, w_out = (tuple(w_spec) + (None, None))[:2]
+    return P(row_axis, w_in, None), P(row_axis, w_out, None)
+
+
+def shard_params(flat: dict[str, Any], spec_of: Any, mesh: Mesh, dtype: Any = None) -> dict[str, jax.Array]:
+    """Each parameter at NamedSharding(mesh, spec_of(path, shape)), floats cast to `dtype` (if given).
+
+    Device arrays are cast where they are (each device its own slice), then resharded in one compiled
+    program (XLA gathers/slices as needed, moving compute-dtype bytes); host arrays are placed per
+    tensor, each device receiving only its slice.
+    """
+    targets = tuple((path, NamedSharding(mesh, spec_of(path, tuple(v.shape)))) for path, v in flat.items())
+    if all(isinstance(v, jax.Array) for v in flat.values()):
+        if dtype is not None:
+            flat = _caster(np.dtype(dtype).name)(flat)
+        return _resharder(targets)(flat)
+    out = {}
+    for path, target in targets:
+        value = np.asarray(flat[path])
+        out[path] = put_global(value.astype(dtype) if dtype is not None and np.issubdtype(value.dtype, np.floating)
+                               else value, target)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _caster(dtype: str) -> Any:
+    """Cast every float leaf to `dtype` in place (elementwise: each output keeps its input's sharding)."""
+    return jax.jit(lambda flat: {k: v.astype(dtype) if jax.numpy.issubdtype(v.dtype, jax.numpy.floating) else v
+                                 for k, v in flat.items()})
+
+
+@functools.lru_cache(maxsize=16)
+def _resharder(targets: tuple[tuple[str, NamedSharding], ...]) -> Any:
+    return jax.jit(lambda flat: flat, out_shardings=dict(targets))
+
+
+def gathered_model(model: Any) -> Any:
+    """A copy of `model` whose parameters are host arrays, gathered from every process when sharded
+    across hosts (a collective: every process must call it). For export (`save_hf`)."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    def host(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x
+    return nnx.merge(graphdef, jax.tree.map(host, state))
+
+
+# ----------------------------------------------------------------------------- loading into shardings
+
+
+def master_shardings(mesh: Mesh, min_size: int = 2**14) -> Any:
+    """(path, shape) -> the master weights' NamedSharding on `mesh` (`master_spec`): pass as
+    `load_hf(..., shardings=)` / `load_model(..., shardings=)` to load straight into the ES masters' layout."""
+    return lambda path, shape: NamedSharding(mesh, master_spec(path, tuple(shape), mesh, min_size))
+
+
+def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = 2**14) -> Any:
+    """(path, shape) -> the NamedSharding `fsdp_shardings` gives a leaf of that shape (GRPO's `fsdp`)."""
+    return lambda path, shape: NamedSharding(mesh, fsdp_spec(tuple(shape), axis, mesh.shape[axis], min_size))
+
+
+def load_targets(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments for `load_any` that put a training job's weights straight where its trainer keeps
+    them: ES masters sharded over the whole (pop, model) mesh in `es.master_dtype`; GRPO with `fsdp > 1`
+    FSDP-sharded over its mesh. Empty (load to the default device) otherwise, or when the mesh cannot be
+    built (the trainer then reports why)."""
+    try:
+        if hasattr(cfg, "es") and hasattr(cfg, "mesh"):
+            targets = {"shardings": master_shardings(es_mesh(cfg.mesh.model), cfg.mesh.shard_min_size)}
+            if cfg.es.master_dtype in ("float32", "bfloat16"):      # anything else: the trainer says so
+                targets["param_dtype"] = cfg.es.master_dtype
+            return targets
+        if hasattr(cfg, "grpo") and cfg.grpo.fsdp > 1:
+            from jaxcore.grpo.algorithm import make_grpo_mesh
+
+            return {"shardings": fsdp_sharding_fn(make_grpo_mesh(cfg.grpo.fsdp))}
+    except ValueError:
+        pass
+    return {}
+
+
+def gather_rows(array: Any) -> np.ndarray:
+    """A (row-sharded) global array in full on this host: read locally when this process holds all of it
+    (or it is replicated), else all-gathered across processes."""
+    if not isinstance(array, jax.Array) or array.is_fully_addressable or array.is_fully_replicated:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))

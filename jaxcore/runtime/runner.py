@@ -1,0 +1,389 @@
+"""The shared training loop for ES and GRPO: data, rollouts, scoring, logging, checkpoints, signals.
+
+An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everything around it:
+
+- epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
+  the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
+- held-out evaluation (greedy, `eval_prompts` examples) before training, every `eval_every` epochs and
+  after the last; with `eval_every` 0 only after the last, with -1 never;
+- metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
+- orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
+- SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly;
+- a step whose fitness/loss/update is NaN/Inf is skipped and logged; after `max_bad_steps` in a
+  row the run stops with `TrainingError`, the last good checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from jaxcore.config.yaml_config import to_dict
+from jaxcore.errors import TaskConfigError, TrainingError  # noqa: F401  (re-exported)
+from jaxcore.hf.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
+from jaxcore.inference.generate import generate
+from jaxcore.parallel import sharding
+from jaxcore.rewards import Example, Scorer, TaskError, get_task
+from jaxcore.runtime.checkpoint import TrainCheckpointer
+from jaxcore.runtime.metrics import MetricsLogger, plot_rewards
+from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class StepResult:
+    metrics: dict[str, Any]
+    skipped: bool = False          # NaN/Inf somewhere: nothing was applied
+    reason: str = ""
+
+
+class Algorithm(Protocol):
+    """What a trainer provides to the runner."""
+
+    model: Any
+
+    def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult: ...
+
+    def checkpoint_state(self) -> Any: ...
+
+    def restore_state(self, state: Any) -> None: ...
+
+
+class StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between epochs (handlers restored on exit)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is not None:          # a second signal: stop now
+            raise KeyboardInterrupt
+        self.received = signum
+        log.warning("received %s: finishing this epoch, then checkpointing", signal.Signals(signum).name)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of epoch `epoch`'s prompt sample (a pure function of the run seed and the epoch)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, *, max_new_tokens: int,
+             batch_size: int, chat_template: bool = False, system: str | None = None,
+             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
+             prompt_limit: PromptLimit | None = None) -> dict[str, Any]:
+    """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
+
+    With `row_sharding` (e.g. replicated over a multi-process mesh) the batch lives on that mesh.
+    """
+    texts: list[str] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        ids, mask, _ = encode_prompts_limited(tokenizer, [e.prompt for e in chunk],
+                                              prompt_limit or PromptLimit(model.config.max_position_embeddings),
+                                              max_new_tokens, chat_template=chat_template, system=system)
+        rows = len(chunk)
+        pad = -rows % _row_shards(row_sharding)     # rows sharded over k devices: a multiple of k (repeat the last)
+        ids, mask = np.concatenate([ids, ids[-1:].repeat(pad, 0)]), np.concatenate([mask, mask[-1:].repeat(pad, 0)])
+        result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
+                          eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
+                          row_sharding=row_sharding)
+        texts.extend(decode_completions(tokenizer, sharding.gather_rows(result.tokens)[:rows],
+                                             sharding.gather_rows(result.lengths)[:rows]))
+    scores = scorer.score(texts, examples)
+    out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
+    for name, values in scores.per_function.items():
+        out[f"eval/rewards/{name}/mean"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+    out["eval/samples"] = [{"prompt": e.prompt, "completion": t} for e, t in list(zip(examples, texts))[:3]]
+    return out
+
+
+def _row_shards(row_sharding: Any) -> int:
+    """How many ways a NamedSharding splits the leading (row) dimension (1 for none or replicated)."""
+    spec = getattr(row_sharding, "spec", ())
+    axes = spec[0] if len(spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
+
+
+def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None) -> Any:
+    """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
+
+    `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
+    task's rewards.
+    """
+    options = dict(section.options)
+    if functions and section.name == "file":
+        options.setdefault("require_answer", False)
+    try:
+        task = get_task(section.name, **options)
+    except TypeError as err:
+        raise TaskConfigError(f"task {section.name!r}: {err}") from err
+    except ValueError as err:
+        if isinstance(err, (TaskConfigError, TaskError)):
+            raise
+        raise TaskConfigError(str(err)) from err
+    return with_rewards(task, functions, weights) if functions else task
+
+
+def with_rewards(task: Any, functions: Sequence[Any], weights: Sequence[float] | None) -> Any:
+    """`task` scored by `functions` instead of its own rewards (checked and probed first; see
+    `jaxcore.rewards.user_functions`)."""
+    from jaxcore.rewards.user_functions import task_with_rewards
+
+    return task_with_rewards(task, functions, weights)
+
+
+class Runner:
+    """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
+
+    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Any, *,
+                 eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None):
+        self.cfg = cfg
+        self.algorithm = algorithm
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.task = task
+        self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
+        self.out_dir = Path(cfg.train.out_dir)
+        self.is_main = jax.process_index() == 0
+        self.checkpointer = TrainCheckpointer(self.out_dir / "checkpoints", max_to_keep=cfg.train.max_to_keep)
+        eval_prompts = cfg.train.eval_prompts
+        if hasattr(task, "num_examples") and task.num_examples("eval") < eval_prompts:
+            eval_prompts = task.num_examples("eval")       # a dataset's whole eval split
+            log.info("evaluating on all %d eval examples of %s", eval_prompts, task.name)
+        self.eval_examples = self.task.examples("eval", eval_prompts, cfg.train.seed)
+
+    def _scorer(self) -> Scorer:
+        r = self.cfg.rewards
+        return Scorer(self.task.reward_fns, self.task.reward_weights, num_workers=r.num_workers,
+                      timeout_s=r.timeout_s, fallback=r.fallback)
+
+    @property
+    def algorithm_name(self) -> str:
+        """"es" or "grpo" (from the config class), stored in checkpoints to refuse cross-algorithm resumes."""
+        return type(self.cfg).__name__.removesuffix("Config").lower()
+
+    def _save(self, epoch: int, *, wait: bool = False) -> None:
+        state = self.algorithm.checkpoint_state()
+        meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg),
+                "algorithm": self.algorithm_name, "shapes": state_shapes(state)}
+        self.checkpointer.save(epoch, state, meta, wait=wait)
+
+    def _resume(self, allow_changes: bool = False) -> int:
+        """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
+        target = self.algorithm.checkpoint_state()
+        config, shapes = to_dict(self.cfg), state_shapes(target)
+        state, meta = self.checkpointer.restore_newest(
+            target, lambda meta: check_resume_compatible(meta, config, self.algorithm_name, shapes, allow_changes))
+        self.algorithm.restore_state(state)
+        log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
+        return int(meta["epoch"]) + 1
+
+    def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
+        t = self.cfg.train
+        model = self.algorithm.eval_model() if hasattr(self.algorithm, "eval_model") else self.algorithm.model
+        return evaluate(model, self.tokenizer, self.eval_examples, scorer,
+                        max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
+                        chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
+                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None),
+                        prompt_limit=rollout_prompt_limit(self.cfg.rollout, self.algorithm.model.config))
+
+    def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
+        """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
+        if not resume and self.checkpointer.latest_step() is not None:
+            self.checkpointer.close()
+            raise fresh_run_over_checkpoints(self.checkpointer.directory)
+        try:
+            return self._run(resume, allow_changes)
+        except BaseException:
+            self._close_quietly()           # pending saves finish, so the last good checkpoint is committed
+            raise
+
+    def _close_quietly(self) -> None:
+        try:
+            self.checkpointer.close()
+        except Exception as err:  # noqa: BLE001 -- the original error is the one to report
+            log.warning("%s", err)
+
+    def _run(self, resume: bool, allow_changes: bool) -> dict[str, Any]:
+        t = self.cfg.train
+        start = self._resume(allow_changes) if resume else 0
+        logger = MetricsLogger(self.out_dir if self.is_main else self.out_dir / f"process{jax.process_index()}",
+                               tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
+        summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
+        bad_steps = 0
+        from tqdm import tqdm
+
+        bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
+                   disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
+        with self._scorer() as scorer, StopSignal() as stop:
+            if start == 0 and t.eval_every > 0:
+                first = self._evaluate(scorer)
+                logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
+                summary["eval_reward_before"] = first["eval/reward"]
+            epoch = start - 1
+            for epoch in bar:
+                examples = self.task.examples("train", self.examples_per_epoch, epoch_seed(t.seed, epoch))
+                began = time.perf_counter()
+                result = self.algorithm.train_step(epoch, examples, scorer)
+                metrics = {**result.metrics, "epoch_time": time.perf_counter() - began, "skipped": result.skipped}
+                if result.skipped:
+                    bad_steps += 1
+                    log.warning("epoch %d skipped (%s); %d bad step(s) in a row", epoch, result.reason, bad_steps)
+                    if bad_steps >= t.max_bad_steps:
+                        logger.log(epoch + 1, metrics)
+                        logger.close()
+                        raise TrainingError(f"{bad_steps} consecutive bad steps ({result.reason}); stopped at epoch "
+                                            f"{epoch}, last good checkpoint in {self.checkpointer.directory}")
+                else:
+                    bad_steps = 0
+                last = epoch == t.epochs - 1
+                if t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0)):
+                    metrics.update(self._evaluate(scorer))
+                    log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
+                             metrics["eval/samples"][0] if metrics["eval/samples"] else "")
+                metrics.pop("eval/samples", None)
+                logger.log(epoch + 1, metrics)
+                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
+                periodic = t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0
+                if ((periodic or last) and not result.skipped) or stop.received:
+                    self._save(epoch, wait=bool(stop.received))
+                if stop.received:
+                    summary["stopped_by"] = signal.Signals(stop.received).name
+                    log.warning("stopped by %s after epoch %d; resume with --resume", summary["stopped_by"], epoch)
+                    break
+            summary["last_epoch"] = epoch
+        bar.close()
+        self.checkpointer.close()
+        logger.close()
+        before, after = self._evals_before_and_after(logger.path)
+        summary["eval_reward_before"] = summary.get("eval_reward_before", before)   # a resumed run: from its log
+        summary["eval_reward_after"] = after
+        if self.is_main and summary["stopped_by"] is None:
+            plot_rewards(logger.path, self.out_dir / "reward.png", title=f"{self.cfg.task.name}")
+        return summary
+
+    @staticmethod
+    def _evals_before_and_after(metrics_path: Path) -> tuple[float | None, float | None]:
+        """(held-out reward before training, i.e. logged at step 0, or None; the last one logged, or None)."""
+        from jaxcore.runtime.metrics import read_metrics
+
+        evals = [(r["step"], r["eval/reward"]) for r in read_metrics(metrics_path) if "eval/reward" in r]
+        before = next((reward for step, reward in evals if step == 0), None)
+        return before, (evals[-1][1] if evals else None)
+
+
+def fresh_run_over_checkpoints(directory: Path) -> TrainingError:
+    """The refusal of a run without --resume whose out_dir already holds checkpoints."""
+    return TrainingError(f"{directory} already holds checkpoints: pass --resume to continue, "
+                         "or choose another train.out_dir")
+
+
+def refuse_fresh_run_over_checkpoints(out_dir: str | Path) -> None:
+    """Raise `fresh_run_over_checkpoints` when out_dir/checkpoints holds a checkpoint (run before loading)."""
+    directory = Path(out_dir).absolute() / "checkpoints"
+    if not directory.is_dir():
+        return
+    checkpointer = TrainCheckpointer(directory, async_save=False)
+    try:
+        step = checkpointer.latest_step()
+    finally:
+        checkpointer.close()
+    if step is not None:
+        raise fresh_run_over_checkpoints(directory)
+
+
+def state_shapes(state: Any) -> dict[str, list[int]]:
+    """{tree path: shape} of every array in a checkpoint state (to name a model change on resume)."""
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in leaves}
+
+
+def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
+                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[[], Any] | None = None,
+                 model: Any = None, tokenizer_dir: str | None = None) -> dict[str, Any]:
+    """Take the out_dir lock, load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer,
+    eos_token_ids)`, run the `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when
+    `train.export_hf`).
+
+    The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
+    the task and loading a model; it is held through the export and released on every exit.
+    `build_task` (called under the lock; default: the config's task) and an already loaded `model` (with
+    `tokenizer_dir`) come from the Python API (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore
+    grpo`; bad input (no model path, no tokenizer, an algorithm setting the algorithm rejects with
+    ValueError) is a one-line `UserError`.
+    """
+    from jaxcore.parallel.sharding import maybe_initialize_distributed
+
+    d = cfg.distributed
+    if d.coordinator:                           # first: the lock's name depends on the process index
+        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
+    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
+    with OutDirLock(cfg.train.out_dir, lock_name):
+        return _load_train_export(cfg, make_algorithm, resume, allow_changes, build_task=build_task, model=model,
+                                  tokenizer_dir=tokenizer_dir)
+
+
+def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm], resume: bool,
+                       allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
+                       tokenizer_dir: str | None) -> dict[str, Any]:
+    """`run_training`'s work under the out_dir lock."""
+    from jaxcore.errors import UserError
+    from jaxcore.hf.convert import save_hf
+    from jaxcore.hf.model_checkpoint import load_any
+    from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
+    from jaxcore.runtime.plan_check import check_fits
+
+    if not resume:
+        refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
+    task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
+                                                                    cfg.rewards.weights)
+    reason = check_fits(cfg, model.config if model is not None else None)   # config.json only: before loading
+    if reason:
+        raise UserError(reason)
+    if model is None:
+        if not cfg.model.path:
+            raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
+        model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
+                                  **sharding.load_targets(cfg))      # each weight read straight into its shard
+    else:
+        tok_dir = tokenizer_dir or cfg.model.path or None
+    if tok_dir is None:
+        raise UserError(f"{cfg.model.path}: no tokenizer files")
+    tokenizer = load_tokenizer(tok_dir)
+    eos = eos_token_ids(tokenizer, model.config.hf_config)
+    try:
+        algorithm = make_algorithm(model, tokenizer, eos)
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    del model                                   # the algorithm owns the weights from here on
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
+                                                                             allow_changes=allow_changes)
+    if cfg.train.export_hf and summary["stopped_by"] is None:
+        export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
+        final = sharding.gathered_model(export)        # every process takes part in the gather
+        if jax.process_index() == 0:
+            summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
+            if hasattr(algorithm, "export_extra"):
+                summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
+    return summary
