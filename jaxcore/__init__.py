@@ -17,7 +17,7 @@ _LAZY = {
     "load_model": "jaxcore.hf.model_checkpoint",
     "save_model": "jaxcore.hf.model_checkpoint",
     "ESTrainer": "jaxcore.api", "GRPOTrainer": "jaxcore.api",
-    "ESConfig": "jaxcore.config.jobs", "GRPOConfig": "jaxcore.config.jobs",
+    "ESConfig": "jaxcore.es.config", "GRPOConfig": "jaxcore.grpo.config",
 }
 __all__ = [*_LAZY, "__version__"]
 

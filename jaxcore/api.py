@@ -19,15 +19,24 @@ and its `Runner`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxcore.config.jobs import ESConfig, GRPOConfig
+from jaxcore.es.config import ESConfig
+from jaxcore.grpo.config import GRPOConfig
+
+if TYPE_CHECKING:
+    from jaxcore.runtime.algorithm import Algorithm
 
 RewardFuncs = Sequence[str | Callable[..., Any]] | str | Callable[..., Any]
 
 
 class _Trainer:
     config_type: type = ESConfig
+
+    @staticmethod
+    def algorithm_type() -> type[Algorithm]:
+        """The algorithm this trainer runs (imported on use, so `import jaxcore` stays light)."""
+        raise NotImplementedError
 
     def __init__(self, model: Any = None, reward_funcs: RewardFuncs | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, args: Any = None, *, tokenizer: str | None = None):
@@ -63,9 +72,6 @@ class _Trainer:
         task = dataset_task(self.train_dataset, self.eval_dataset, {}, {}, split_seed=self.args.train.seed)
         return with_rewards(task, functions, weights)
 
-    def make_algorithm(self, model: Any, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> Any:
-        raise NotImplementedError
-
     def train(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible
         config); returns the summary (eval reward before/after, final_hf, ...)."""
@@ -73,7 +79,7 @@ class _Trainer:
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
-        return run_training(self.args, self.make_algorithm, resume, allow_changes, build_task=self.make_task,
+        return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
                             model=self.model, tokenizer_dir=self.tokenizer)
 
 
@@ -82,10 +88,11 @@ class ESTrainer(_Trainer):
 
     config_type = ESConfig
 
-    def make_algorithm(self, model: Any, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> Any:
+    @staticmethod
+    def algorithm_type() -> type[Algorithm]:
         from jaxcore.es.algorithm import EggrollAlgorithm
 
-        return EggrollAlgorithm(model, tokenizer, self.args, eos_token_ids=eos_token_ids)
+        return EggrollAlgorithm
 
 
 class GRPOTrainer(_Trainer):
@@ -93,7 +100,8 @@ class GRPOTrainer(_Trainer):
 
     config_type = GRPOConfig
 
-    def make_algorithm(self, model: Any, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> Any:
+    @staticmethod
+    def algorithm_type() -> type[Algorithm]:
         from jaxcore.grpo.algorithm import GRPOAlgorithm
 
-        return GRPOAlgorithm(model, tokenizer, self.args, eos_token_ids=eos_token_ids)
+        return GRPOAlgorithm

@@ -8,8 +8,8 @@ import torch
 
 import jaxcore
 from jaxcore.es import eggroll
-from jaxcore.hf.convert import flat_state
 from jaxcore.hf.mapping import params_to_hf, tensor_maps
+from jaxcore.model.state import flat_state
 from torchref import eggroll as torch_es
 from torchref.model import load_reference, reference_logits
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import jaxcore
+from jaxcore.hf import peft as jax_peft
 from jaxcore.hf.convert import save_hf
 from jaxcore.model import lora
 from torchref.model import load_reference, reference_logits
@@ -26,10 +27,10 @@ def setup(request, tiny_dir, tmp_path_factory):
     path = tiny_dir(request.param)
     model = jaxcore.load_hf(path)
     cfg = lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("all-linear",))
-    adapters = lora.init_adapters(model, cfg, jax.random.key(0))
+    adapters = jax_peft.init_peft_adapters(model, cfg, jax.random.key(0))
     adapters = {p: {"a": ab["a"], "b": 0.05 * jax.random.normal(jax.random.key(i), ab["b"].shape)}
                 for i, (p, ab) in enumerate(sorted(adapters.items()))}
-    adapter_dir = lora.save_adapter(model, adapters, cfg, tmp_path_factory.mktemp("adapter") / "a", str(path))
+    adapter_dir = jax_peft.save_adapter(model, adapters, cfg, tmp_path_factory.mktemp("adapter") / "a", str(path))
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.config.vocab_size, (3, 7))
     mask = np.ones((3, 7), np.int32)

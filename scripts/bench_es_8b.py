@@ -34,11 +34,12 @@ import numpy as np  # noqa: E402
 
 from jaxcore.es import eggroll  # noqa: E402
 from jaxcore.es.algorithm import compute_model  # noqa: E402
+from jaxcore.es.memory import plan_es
 from jaxcore.inference.generate import generate  # noqa: E402
 from jaxcore.model.config import config_from_hf  # noqa: E402
 from jaxcore.model.transformer import create_model  # noqa: E402
-from jaxcore.parallel import sharding
-from jaxcore.runtime.memory import GB, plan_es, refusal  # noqa: E402
+from jaxcore.parallel import meshes
+from jaxcore.runtime.memory import GB, refusal  # noqa: E402
 from jaxcore.runtime.plan_check import accelerator_memory, parse_bytes  # noqa: E402
 
 
@@ -86,8 +87,8 @@ def main() -> None:
     memory = parse_bytes(args.device_memory) if args.device_memory else (accelerator_memory() or 80e9)
     planned, prompts = fitting_plan(cfg, args, memory)
 
-    mesh = sharding.es_mesh(1, jax.devices()[:1])
-    rows_sharding = sharding.leading_axis(mesh, sharding.POP)
+    mesh = meshes.es_mesh(1, jax.devices()[:1])
+    rows_sharding = meshes.leading_axis(mesh, meshes.POP)
     masters = create_model(cfg, dtype=jnp.bfloat16, param_dtype=jnp.dtype(args.master_dtype))
     plan = eggroll.make_plan(masters, eggroll.EggrollConfig(population=args.population, rank=args.rank))
     compute = compute_model(masters, mesh)                    # the bf16 copy the rollouts use, as in the trainer

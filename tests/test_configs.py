@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxcore.config.jobs import ESConfig
 from jaxcore.config.yaml_config import load_config
+from jaxcore.es.config import ESConfig
 from jaxcore.rewards import get_task
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
@@ -14,7 +14,7 @@ CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_loads_and_names_a_known_task(path):
     if path.name.startswith("grpo_"):
-        from jaxcore.config.jobs import GRPOConfig as schema
+        from jaxcore.grpo.config import GRPOConfig as schema
     else:
         schema = ESConfig
     cfg = load_config(schema, path)

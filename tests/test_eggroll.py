@@ -7,9 +7,9 @@ import pytest
 
 import jaxcore
 from jaxcore.es import eggroll
-from jaxcore.hf.convert import flat_state
 from jaxcore.inference.generate import _decode, generate
-from jaxcore.parallel import sharding
+from jaxcore.model.state import flat_state
+from jaxcore.parallel import meshes, sharding
 
 
 @pytest.fixture
@@ -145,9 +145,9 @@ def test_population_decode_has_plain_inference_memory_and_no_noise_generation(ll
 
 def train_two_epochs(path, devices):
     model = jaxcore.load_hf(path)
-    mesh = sharding.make_mesh({"pop": -1}, devices)
+    mesh = meshes.make_mesh({"pop": -1}, devices)
     sharding.replicate_model(model, mesh)
-    rows = sharding.leading_axis(mesh, "pop")
+    rows = meshes.leading_axis(mesh, "pop")
     cfg = eggroll.EggrollConfig(population=16, rank=1, sigma=0.05, seed=1)
     plan = eggroll.make_plan(model, cfg)
     optimizer = eggroll.make_optimizer("sgd", 0.025)

@@ -20,10 +20,11 @@ import pytest
 from flax import nnx
 
 import jaxcore
-from jaxcore.config.jobs import ESConfig
 from jaxcore.config.yaml_config import load_config
 from jaxcore.es import eggroll
 from jaxcore.es.algorithm import member_fitness
+from jaxcore.es.config import ESConfig
+from jaxcore.model.state import variable_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,7 @@ def test_es_direction_matches_jax_grad_times_sigma(tiny_dir, rank):
         return -cross_entropy_B(m(inputs_BT), targets_BT).mean()
 
     every_grad = nnx.grad(objective)(model)
-    grad = {t.path: eggroll.variable_at(every_grad, t.path).get_value() for t in plan.targets}
+    grad = {t.path: variable_at(every_grad, t.path).get_value() for t in plan.targets}
     grad_sq = sum(float(jnp.vdot(v, v)) for v in grad.values())
     assert grad_sq > 0
 

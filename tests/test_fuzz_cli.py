@@ -181,9 +181,9 @@ def write_checkpoints(tiny_dir):
     """write_checkpoints(out) -> out/checkpoints/{0,1} as a 2-epoch `jaxcore es` run with ES_RUN would write them
     (the real algorithm's state and the runner's metadata; no training step is needed to write them)."""
     import jaxcore
-    from jaxcore.config.jobs import ESConfig
     from jaxcore.config.yaml_config import load_config
     from jaxcore.es.algorithm import EggrollAlgorithm
+    from jaxcore.es.config import ESConfig
     from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
     from jaxcore.runtime.runner import Runner, make_task
 

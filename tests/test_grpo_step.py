@@ -19,7 +19,7 @@ from jaxcore.grpo.step import (
     rollout_metrics,
 )
 from jaxcore.inference.logprobs import completion_logprobs
-from jaxcore.parallel.sharding import make_mesh
+from jaxcore.parallel.meshes import make_mesh
 
 score = nnx.jit(policy_logps)
 # Adam divides by sqrt(v): fp32 summation-order noise in near-zero gradient entries becomes up to a few
@@ -182,15 +182,15 @@ def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
 
 
 def test_grpo_and_es_build_meshes_with_one_helper(monkeypatch):
-    """`grpo.fsdp` and `mesh.model` both go through `sharding.make_mesh` (one way to build meshes)."""
+    """`grpo.fsdp` and `mesh.model` both go through `meshes.make_mesh` (one way to build meshes)."""
     from jaxcore.grpo.algorithm import make_grpo_mesh
-    from jaxcore.parallel import sharding
+    from jaxcore.parallel import meshes, sharding
 
-    calls, make = [], sharding.make_mesh
+    calls, make = [], meshes.make_mesh
     monkeypatch.setattr(sharding, "make_mesh", lambda sizes, devices=None: calls.append(dict(sizes)) or
                         make(sizes, devices))
     make_grpo_mesh(2)
-    sharding.es_mesh(4)
+    meshes.es_mesh(4)
     assert calls == [{"data": -1, "fsdp": 2}, {"pop": -1, "model": 4}]
 
 

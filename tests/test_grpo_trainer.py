@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.config.jobs import GRPOConfig
 from jaxcore.config.yaml_config import load_config
 from jaxcore.grpo import algorithm as grpo_trainer
+from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.convert import read_safetensors
 from jaxcore.rewards import Scorer, get_task
 from jaxcore.runtime.runner import epoch_seed

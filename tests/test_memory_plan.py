@@ -29,13 +29,15 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcore.cli import main
 from jaxcore.es import eggroll
-from jaxcore.es.population import MemberNoise, perturbed_model, variable_at
-from jaxcore.hf.convert import flat_state
+from jaxcore.es import memory as es_memory
+from jaxcore.es.population import MemberNoise, perturbed_model
+from jaxcore.grpo import memory as grpo_memory
 from jaxcore.inference.generate import _decode, _prefill, bucket_length
 from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.config import config_from_hf
+from jaxcore.model.state import flat_state, variable_at
 from jaxcore.model.transformer import abstract_model
-from jaxcore.parallel import sharding
+from jaxcore.parallel import meshes, sharding
 from jaxcore.runtime import memory as memory_plan
 from jaxcore.runtime import plan_check
 
@@ -59,18 +61,18 @@ def per_device(abstract_tree, shardings) -> int:
 def sharded_population(cfg, mesh, population: int, dtype):
     """The population model of `compute_model` + `eggroll.population` as abstract arrays carrying the
     shardings those give (weights tensor-parallel over "model", factors like their weight, pairs over "pop")."""
-    size = mesh.shape[sharding.MODEL]
+    size = mesh.shape[meshes.MODEL]
     model = abstract_model(cfg, dtype=dtype, param_dtype=dtype)
     specs = {}
     for path, value in flat_state(model).items():
-        specs[path] = sharding.tensor_parallel_spec(path, tuple(value.shape), sharding.MODEL, size)
+        specs[path] = sharding.tensor_parallel_spec(path, tuple(value.shape), meshes.MODEL, size)
         variable_at(model, path).set_value(jax.ShapeDtypeStruct(value.shape, value.dtype,
                                                                 sharding=NamedSharding(mesh, specs[path])))
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=population, rank=1))
     noise = jax.eval_shape(lambda p: eggroll.member_noise(p, jnp.int32(0), dtype=dtype), plan)
     low_rank = {}
     for path, (a, b) in noise.low_rank.items():
-        a_spec, b_spec = sharding.factor_specs(specs[path], sharding.POP)
+        a_spec, b_spec = sharding.factor_specs(specs[path], meshes.POP)
         low_rank[path] = (jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, a_spec)),
                           jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=NamedSharding(mesh, b_spec)))
     return perturbed_model(model, MemberNoise(low_rank, {})), plan
@@ -79,14 +81,14 @@ def sharded_population(cfg, mesh, population: int, dtype):
 def test_generation_terms_match_xla_on_a_pop_model_mesh():
     """Llama-3.1-8B width, 2 layers, mesh (pop=4, model=2): prefill and decode arguments/outputs."""
     cfg = llama8b(num_layers=2)
-    mesh = sharding.es_mesh(2)
+    mesh = meshes.es_mesh(2)
     population, prompts, prompt_tokens, new_tokens = 16, 2, 16, 16
     pop, _ = sharded_population(cfg, mesh, population, jnp.float32)
     graphdef, state = nnx.split(pop)
     rows, t = population * prompts, bucket_length(prompt_tokens)
-    row_sharding = NamedSharding(mesh, P(sharding.POP))
+    row_sharding = NamedSharding(mesh, P(meshes.POP))
     ids = jax.ShapeDtypeStruct((rows, t), jnp.int32, sharding=row_sharding)
-    planned = memory_plan.plan_es(cfg, population=population, rank=1, prompts=prompts, generations=1,
+    planned = es_memory.plan_es(cfg, population=population, rank=1, prompts=prompts, generations=1,
                                   prompt_tokens=prompt_tokens, max_new_tokens=new_tokens, devices=8, model_axis=2)
     weights = planned.terms["compute weights"] + planned.terms["factors"]
 
@@ -97,7 +99,7 @@ def test_generation_terms_match_xla_on_a_pop_model_mesh():
     out_logits, out_cache = jax.eval_shape(lambda s, i: _prefill(graphdef, s, i, i, cache_length=t + new_tokens),
                                            state, ids)
     logits_sharding, cache_sharding = prefill.output_shardings
-    assert cache_sharding.keys[0].spec == P(sharding.POP, sharding.MODEL)      # kv heads over "model"
+    assert cache_sharding.keys[0].spec == P(meshes.POP, meshes.MODEL)      # kv heads over "model"
     kv = per_device((out_cache.keys, out_cache.values), (cache_sharding.keys, cache_sharding.values))
     close(planned.terms["kv cache"], kv)
     assert stats.temp_size_in_bytes <= planned.terms["activations"], (stats.temp_size_in_bytes, planned.terms)
@@ -117,30 +119,30 @@ def test_kv_cache_when_mesh_model_does_not_divide_the_kv_heads():
     the planner's KV per device never shrinks with mesh.model (rows per device grow as heads shrink)."""
     cfg = llama8b(num_layers=1, hidden_size=512, intermediate_size=1024, num_heads=4, num_kv_heads=2,
                   vocab_size=1024)
-    mesh = sharding.es_mesh(4)
+    mesh = meshes.es_mesh(4)
     pop, _ = sharded_population(cfg, mesh, 8, jnp.float32)
     graphdef, state = nnx.split(pop)
-    ids = jax.ShapeDtypeStruct((16, 16), jnp.int32, sharding=NamedSharding(mesh, P(sharding.POP)))
+    ids = jax.ShapeDtypeStruct((16, 16), jnp.int32, sharding=NamedSharding(mesh, P(meshes.POP)))
     prefill = _prefill.lower(graphdef, state, ids, ids, cache_length=32).compile()
     _, cache = jax.eval_shape(lambda s, i: _prefill(graphdef, s, i, i, cache_length=32), state, ids)
     shardings = prefill.output_shardings[1]
-    assert shardings.keys[0].spec in (P(sharding.POP), P(sharding.POP, None))
+    assert shardings.keys[0].spec in (P(meshes.POP), P(meshes.POP, None))
     kv = per_device((cache.keys, cache.values), (shardings.keys, shardings.values))
     kw = dict(population=8, rank=1, prompts=2, generations=1, prompt_tokens=16, max_new_tokens=16, devices=8)
-    close(memory_plan.plan_es(cfg, model_axis=4, **kw).terms["kv cache"], kv)
+    close(es_memory.plan_es(cfg, model_axis=4, **kw).terms["kv cache"], kv)
     big = llama8b()
-    kv_by_m = [memory_plan.plan_es(big, model_axis=m, **kw).terms["kv cache"] for m in (1, 2, 4, 8)]
+    kv_by_m = [es_memory.plan_es(big, model_axis=m, **kw).terms["kv cache"] for m in (1, 2, 4, 8)]
     assert kv_by_m == [kv_by_m[0]] * 4            # 8 kv heads: the same per device for every mesh.model
-    assert "raise mesh.model" not in memory_plan.ES_ADVICE["kv cache"]
+    assert "raise mesh.model" not in es_memory.ES_ADVICE["kv cache"]
 
 
 def test_update_terms_match_xla_on_a_pop_model_mesh():
     """Masters -> compute weights (compute_model's resharding), g (estimate_gradient) and the optimizer
     update (apply_update) on mesh (pop=4, model=2), Llama-3.1-8B width, 2 layers, Adam, fp32 masters."""
     cfg = llama8b(num_layers=2)
-    mesh = sharding.es_mesh(2)
+    mesh = meshes.es_mesh(2)
     population = 32
-    planned = memory_plan.plan_es(cfg, population=population, rank=1, prompts=1, generations=1, prompt_tokens=16,
+    planned = es_memory.plan_es(cfg, population=population, rank=1, prompts=1, generations=1, prompt_tokens=16,
                                   max_new_tokens=16, devices=8, model_axis=2, compute_dtype="bfloat16",
                                   optimizer="adam")
     flat = flat_state(abstract_model(cfg))
@@ -150,7 +152,7 @@ def test_update_terms_match_xla_on_a_pop_model_mesh():
         return jax.ShapeDtypeStruct(x.shape, dtype or x.dtype, sharding=NamedSharding(mesh, spec))
 
     masters = {path: master(path, x) for path, x in flat.items()}
-    targets = tuple((path, NamedSharding(mesh, sharding.tensor_parallel_spec(path, tuple(x.shape), sharding.MODEL, 2)))
+    targets = tuple((path, NamedSharding(mesh, sharding.tensor_parallel_spec(path, tuple(x.shape), meshes.MODEL, 2)))
                     for path, x in flat.items())
     stats = sharding._caster("bfloat16").lower(masters).compile().memory_analysis()     # cast in place
     close(planned.terms["master weights"], stats.argument_size_in_bytes)
@@ -205,7 +207,7 @@ def test_grpo_terms_match_xla_on_an_fsdp_mesh():
                       rows_of((rows, length - 1), jnp.int32), rows_of((rows,), jnp.float32),
                       rows_of((rows,), jnp.bool_))
     stats = learner._step.lower(learner.state, None, batch, jnp.float32(1.0), None).compile().memory_analysis()
-    planned = memory_plan.plan_grpo(cfg, prompts=prompts, generations=generations, prompt_tokens=prompt_tokens,
+    planned = grpo_memory.plan_grpo(cfg, prompts=prompts, generations=generations, prompt_tokens=prompt_tokens,
                                     max_new_tokens=new_tokens, devices=8, fsdp=2)
     batch_bytes = sum(int(np.prod(batch_sharding.shard_shape(x.shape))) * x.dtype.itemsize
                       for x in jax.tree.leaves(batch))
@@ -217,7 +219,7 @@ def test_grpo_terms_match_xla_on_an_fsdp_mesh():
 
 
 def test_phases_peak_and_refusal_wording():
-    planned = memory_plan.plan_es(llama8b(), population=256, rank=1, prompts=16, generations=1, prompt_tokens=128,
+    planned = es_memory.plan_es(llama8b(), population=256, rank=1, prompts=16, generations=1, prompt_tokens=128,
                                   max_new_tokens=256, devices=8, compute_dtype="bfloat16", device_memory=40e9)
     phases = planned.phase_totals()
     assert planned.total == pytest.approx(planned.persistent + max(phases.values()))

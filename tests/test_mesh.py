@@ -7,17 +7,17 @@ import pytest
 import jaxcore
 from jaxcore.es import eggroll
 from jaxcore.es.algorithm import compute_model, init_opt_state, shard_masters
-from jaxcore.es.population import LowRankPerturbed, variable_at
-from jaxcore.hf.convert import flat_state
+from jaxcore.es.population import LowRankPerturbed
 from jaxcore.inference.generate import generate
-from jaxcore.parallel import sharding
+from jaxcore.model.state import flat_state, variable_at
+from jaxcore.parallel import meshes, sharding
 
 
 def train_two_epochs(path, devices, model_size: int):
     model = jaxcore.load_hf(path)
-    mesh = sharding.es_mesh(model_size, devices)
+    mesh = meshes.es_mesh(model_size, devices)
     shard_masters(model, mesh, min_size=1)         # tiny weights: shard them all
-    rows = sharding.leading_axis(mesh, sharding.POP)
+    rows = meshes.leading_axis(mesh, meshes.POP)
     cfg = eggroll.EggrollConfig(population=16, rank=2, sigma=0.05, seed=1)
     plan = eggroll.make_plan(model, cfg)
     optimizer = eggroll.make_optimizer("sgd", 0.025)
@@ -67,7 +67,7 @@ def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
 
     def sharded_state(model_size: int, devices):
         model = jaxcore.load_hf(tiny_dir("llama"))
-        mesh = sharding.es_mesh(model_size, devices)
+        mesh = meshes.es_mesh(model_size, devices)
         shard_masters(model, mesh, min_size=1)
         plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16))
         optimizer = eggroll.make_optimizer("adam", 1e-3)
@@ -101,8 +101,8 @@ def test_factors_are_sharded_like_their_weight(tiny_dir):
     """On (pop=2, model=4): A [P, I, r] is split like W's input dim, B [P, O, r] like its output dim,
     and the pairs over "pop" (column-parallel q/k/v/gate/up split B, row-parallel o/down split A)."""
     model = jaxcore.load_hf(tiny_dir("llama"))
-    mesh = sharding.es_mesh(4)
-    rows = sharding.leading_axis(mesh, sharding.POP)
+    mesh = meshes.es_mesh(4)
+    rows = meshes.leading_axis(mesh, meshes.POP)
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16, rank=2))
     pop = eggroll.population(compute_model(model, mesh), plan, 0, out_sharding=rows)
     kinds = set()
@@ -120,7 +120,7 @@ def test_factors_are_sharded_like_their_weight(tiny_dir):
         assert value.b.addressable_shards[0].data.shape == (pairs // 2, o // w_out, 2), target.path
         a_spec, b_spec = tuple(value.a.sharding.spec) + (None,) * 3, tuple(value.b.sharding.spec) + (None,) * 3
         w_spec = tuple(value.w.sharding.spec) + (None,) * 2
-        assert (a_spec[:2], b_spec[:2]) == ((sharding.POP, w_spec[0]), (sharding.POP, w_spec[1])), target.path
+        assert (a_spec[:2], b_spec[:2]) == ((meshes.POP, w_spec[0]), (meshes.POP, w_spec[1])), target.path
     assert kinds == {(1, 4), (4, 1)}
 
 
@@ -137,9 +137,9 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
     from jaxcore.inference.generate import _prefill
 
     model = jaxcore.load_hf(tiny_dir("llama", tie=True))     # tied: no [H, 259] lm_head (259 % 4 != 0)
-    mesh = sharding.es_mesh(4)
+    mesh = meshes.es_mesh(4)
     compute = compute_model(model, mesh)
-    rows = sharding.leading_axis(mesh, sharding.POP)
+    rows = meshes.leading_axis(mesh, meshes.POP)
     ids = sharding.put_global(np.ones((10, 16), np.int32), rows)       # 5 rows per pop device
     graphdef, state = nnx.split(compute)
     compiled = _prefill.lower(graphdef, state, ids, ids, cache_length=24).compile()
@@ -180,20 +180,22 @@ def es_cli(model, out, *extra, resume: bool = False) -> int:
 def recorded(monkeypatch):
     """The ES algorithms the trainer builds, and the weights every evaluation's generate receives."""
     from jaxcore.api import ESTrainer
+    from jaxcore.es.algorithm import EggrollAlgorithm
     from jaxcore.runtime import runner as train
 
     seen = {"algorithms": [], "eval_weights": []}
-    make, gen = ESTrainer.make_algorithm, train.generate
+    gen = train.generate
 
-    def make_algorithm(self, *args, **kwargs):
-        seen["algorithms"].append(make(self, *args, **kwargs))
-        return seen["algorithms"][-1]
+    class Recorded(EggrollAlgorithm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen["algorithms"].append(self)
 
     def generate(model, *args, **kwargs):
         seen["eval_weights"].append({k: v for k, v in flat_state(model).items() if v.ndim == 2})
         return gen(model, *args, **kwargs)
 
-    monkeypatch.setattr(ESTrainer, "make_algorithm", make_algorithm)
+    monkeypatch.setattr(ESTrainer, "algorithm_type", staticmethod(lambda: Recorded))
     monkeypatch.setattr(train, "generate", generate)
     return seen
 
@@ -272,8 +274,8 @@ def test_cli_resume_on_four_devices(cli_runs, tmp_path):
 
 
 def es_config(path, *overrides):
-    from jaxcore.config.jobs import ESConfig
     from jaxcore.config.yaml_config import load_config
+    from jaxcore.es.config import ESConfig
 
     return load_config(ESConfig, None, [f"model.path={path}", "es.population=16", "optimizer.momentum=0.9",
                                         *overrides])
@@ -355,11 +357,11 @@ def test_every_master_slice_lies_inside_its_compute_slice(tiny_dir, family, mode
     """Each device's master slice is inside its compute (tensor-parallel) slice and split along a major
     dimension, so re-assembling the compute weights gathers over "pop" only, never a full weight."""
     model = jaxcore.load_hf(tiny_dir(family))
-    mesh = sharding.es_mesh(model_size)
+    mesh = meshes.es_mesh(model_size)
     for path, value in flat_state(model).items():
         shape = tuple(value.shape)
         master = jax.sharding.NamedSharding(mesh, sharding.master_spec(path, shape, mesh, min_size=1))
-        compute = jax.sharding.NamedSharding(mesh, sharding.tensor_parallel_spec(path, shape, sharding.MODEL,
+        compute = jax.sharding.NamedSharding(mesh, sharding.tensor_parallel_spec(path, shape, meshes.MODEL,
                                                                                    model_size))
         inner, outer = slices(master, shape), slices(compute, shape)
         for device, ranges in inner.items():
@@ -370,7 +372,7 @@ def test_every_master_slice_lies_inside_its_compute_slice(tiny_dir, family, mode
 
 def test_masters_loaded_in_place_are_not_copied(tiny_dir):
     """A model loaded straight into the masters' layout: `shard_masters` leaves every leaf as it is."""
-    mesh = sharding.es_mesh(2)
+    mesh = meshes.es_mesh(2)
     model = jaxcore.load_hf(tiny_dir("llama"), shardings=sharding.master_shardings(mesh, min_size=1))
     before = flat_state(model)
     shard_masters(model, mesh, min_size=1)

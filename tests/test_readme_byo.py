@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.config.jobs import ESConfig
 from jaxcore.config.yaml_config import load_config
+from jaxcore.es.config import ESConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_MODEL = "models/smollm2-135m-instruct"

@@ -135,7 +135,7 @@ def test_gpt2_decode_reads_the_position_row_and_no_gate():
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gpt2"])
 def test_model_shape_counts_a_loaded_model(tiny_dir, family):
     import jaxcore
-    from jaxcore.hf.convert import flat_state
+    from jaxcore.model.state import flat_state
 
     model = jaxcore.load_hf(tiny_dir(family))
     shape = roofline.model_shape(model)

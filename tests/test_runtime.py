@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.config.jobs import ESConfig
 from jaxcore.config.yaml_config import load_config
+from jaxcore.es.config import ESConfig
 from jaxcore.hf.convert import read_safetensors
 
 TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",

@@ -11,12 +11,14 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
 import jaxcore
-from jaxcore.config.jobs import ESConfig, GRPOConfig
+from jaxcore.es.config import ESConfig
+from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf import convert
 from jaxcore.hf import mapping as hf_mapping
-from jaxcore.hf.convert import CheckpointError, flat_state, read_safetensors
+from jaxcore.hf.convert import CheckpointError, read_safetensors
 from jaxcore.hf.model_checkpoint import load_any, load_model, save_model
-from jaxcore.parallel import sharding
+from jaxcore.model.state import flat_state
+from jaxcore.parallel import meshes, sharding
 
 
 class Reads:
@@ -80,7 +82,7 @@ def hf_sources(path):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_master_shardings_over_8_devices_equal_the_plain_load(tiny_dir, family):
     path = tiny_dir(family)
-    mesh = sharding.es_mesh(2)                                        # pop=4 x model=2
+    mesh = meshes.es_mesh(2)                                        # pop=4 x model=2
     targets = sharding.master_shardings(mesh, min_size=1)
     plain, sharded = host(jaxcore.load_hf(path)), flat_state(jaxcore.load_hf(path, shardings=targets))
     assert set(plain) == set(sharded)
@@ -96,7 +98,7 @@ def test_reads_are_per_shard_never_whole_files(tiny_dir, monkeypatch):
     path = tiny_dir("llama")
     sources = hf_sources(path)
     sizes = {k: v.size for k, v in read_safetensors(path).items()}
-    mesh = sharding.es_mesh(1)
+    mesh = meshes.es_mesh(1)
     targets = sharding.master_shardings(mesh, min_size=1)
     reads = Reads(monkeypatch)
     model = jaxcore.load_hf(path, shardings=targets)
@@ -116,15 +118,15 @@ def test_reads_are_per_shard_never_whole_files(tiny_dir, monkeypatch):
 
 def test_tensor_parallel_layout_reads_each_slice_once(tiny_dir, monkeypatch):
     path = tiny_dir("qwen2")           # q/k/v biases, tensor-parallel over model=4, replicated over pop=2
-    mesh = sharding.es_mesh(4)
-    targets = lambda p, s: NamedSharding(mesh, sharding.tensor_parallel_spec(p, s, sharding.MODEL, 4))  # noqa: E731
+    mesh = meshes.es_mesh(4)
+    targets = lambda p, s: NamedSharding(mesh, sharding.tensor_parallel_spec(p, s, meshes.MODEL, 4))  # noqa: E731
     sizes = {k: v.size for k, v in read_safetensors(path).items()}
     plain = host(jaxcore.load_hf(path))
     reads = Reads(monkeypatch)
     model = flat_state(jaxcore.load_hf(path, shardings=targets))
     for key, value in model.items():
         np.testing.assert_array_equal(np.asarray(value), plain[key], err_msg=key)
-    assert model["blocks.0.attn.q.kernel"].sharding.spec == P(None, sharding.MODEL)
+    assert model["blocks.0.attn.q.kernel"].sharding.spec == P(None, meshes.MODEL)
     assert sum(n for _, n, _ in reads.reads) == sum(sizes[k] for k in set(hf_sources(path).values()))
 
 
@@ -137,7 +139,7 @@ def both_dims(mesh):
 
 
 def test_fused_gpt2_c_attn_and_transposed_weights(tiny_dir):
-    mesh = sharding.make_mesh({"a": 2, "b": 4})
+    mesh = meshes.make_mesh({"a": 2, "b": 4})
     gpt2 = tiny_dir("gpt2")
     tensors, model = read_safetensors(gpt2), flat_state(jaxcore.load_hf(gpt2, shardings=both_dims(mesh)))
     prefix = hf_mapping.gpt2_key_prefix(tensors)
@@ -157,7 +159,7 @@ def test_fused_gpt2_c_attn_and_transposed_weights(tiny_dir):
 
 
 def test_dtype_is_cast_per_slice(tiny_dir):
-    mesh = sharding.es_mesh(1)
+    mesh = meshes.es_mesh(1)
     targets = sharding.master_shardings(mesh, min_size=1)
     bf16 = tiny_dir("llama", dtype="bfloat16")
     source = read_safetensors(bf16)["model.layers.0.mlp.gate_proj.weight"]
@@ -179,7 +181,7 @@ def test_strict_mapping_checked_from_headers_before_any_read(tiny_dir, tmp_path,
     tensors["model.layers.0.mlp.up_proj.weight"] = np.zeros((5, 64), np.float32)
     save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
     reads = Reads(monkeypatch)
-    mesh = sharding.es_mesh(1)
+    mesh = meshes.es_mesh(1)
     with pytest.raises(CheckpointError, match=r"^tensor model.layers.0.mlp.up_proj.weight: shape \(5, 64\), "
                                               r"expected \(128, 64\)$"):
         jaxcore.load_hf(bad, shardings=sharding.master_shardings(mesh, min_size=1))
@@ -194,7 +196,7 @@ def test_strict_mapping_checked_from_headers_before_any_read(tiny_dir, tmp_path,
 def test_orbax_checkpoint_restored_into_shardings(tiny_dir, tmp_path):
     original = jaxcore.load_hf(tiny_dir("gpt2"))
     ckpt = save_model(original, tmp_path / "ckpt")
-    mesh = sharding.es_mesh(2)
+    mesh = meshes.es_mesh(2)
     targets = sharding.master_shardings(mesh, min_size=1)
     restored = flat_state(load_model(ckpt, shardings=targets))
     expected = host(original)
@@ -214,44 +216,49 @@ def test_orbax_shapes_checked_before_restore(tiny_dir, tmp_path):
     meta = json.loads((ckpt / "jaxcore.json").read_text())
     meta["hf_config"]["intermediate_size"] = 96
     (ckpt / "jaxcore.json").write_text(json.dumps(meta))
-    mesh = sharding.es_mesh(1)
+    mesh = meshes.es_mesh(1)
     with pytest.raises(CheckpointError, match=r"tensor blocks.0.mlp.down.kernel has shape \(128, 64\), "
                                               r"expected \(96, 64\)"):
         load_model(ckpt, shardings=sharding.master_shardings(mesh))
 
 
 def test_load_targets_follow_the_trainers_layout():
+    from jaxcore.es.algorithm import EggrollAlgorithm
+    from jaxcore.grpo.algorithm import GRPOAlgorithm
+
     es = ESConfig()
     es.mesh.model = 2
     es.es.master_dtype = "bfloat16"
-    targets = sharding.load_targets(es)
+    targets = EggrollAlgorithm.load_targets(es)
     assert targets["param_dtype"] == "bfloat16"
-    mesh = sharding.es_mesh(2)
+    mesh = meshes.es_mesh(2)
     assert targets["shardings"]("x", (64, 128)) == NamedSharding(mesh, sharding.master_spec("x", (64, 128), mesh))
     es.mesh.model = 3                                      # 8 devices: the trainer reports it, loading does not
-    assert sharding.load_targets(es) == {}
+    assert EggrollAlgorithm.load_targets(es) == {}
     grpo = GRPOConfig()
-    assert sharding.load_targets(grpo) == {}               # data-parallel: replicated by the learner as before
+    assert GRPOAlgorithm.load_targets(grpo) == {}               # data-parallel: replicated by the learner as before
     grpo.grpo.fsdp = 4
-    fn = sharding.load_targets(grpo)["shardings"]
+    fn = GRPOAlgorithm.load_targets(grpo)["shardings"]
     assert fn("x", (256, 128)).spec == P("fsdp", None) and fn("x", (256, 128)).mesh.shape == {"data": 2, "fsdp": 4}
 
 
 def test_es_run_loads_masters_straight_into_their_shards(tiny_dir, tmp_path):
     from jaxcore.errors import UserError
+    from jaxcore.es.algorithm import EggrollAlgorithm
     from jaxcore.runtime.runner import run_training
 
     cfg = ESConfig()
     cfg.model.path, cfg.train.out_dir, cfg.mesh.model = str(tiny_dir("llama")), str(tmp_path / "out"), 2
     seen = {}
 
-    def make_algorithm(model, tokenizer, eos):
-        seen.update(flat_state(model))
-        raise ValueError("stop here")
+    class StopsAtConstruction(EggrollAlgorithm):
+        def __init__(self, model, tokenizer, cfg, **kwargs):
+            seen.update(flat_state(model))
+            raise ValueError("stop here")
 
     with pytest.raises(UserError, match="stop here"):
-        run_training(cfg, make_algorithm)
-    mesh = sharding.es_mesh(2)
+        run_training(cfg, StopsAtConstruction)
+    mesh = meshes.es_mesh(2)
     for key, value in seen.items():      # what EggrollAlgorithm's shard_masters would produce, before it runs
         assert value.sharding.is_equivalent_to(NamedSharding(mesh, sharding.master_spec(key, value.shape, mesh)),
                                                value.ndim), key

@@ -103,7 +103,7 @@ def bench_checkpoint(options: BenchOptions, family: str | None = None) -> Any:
 
 def model_summary(model: Any) -> dict[str, Any]:
     """Shape of a jaxcore model, for the bench report."""
-    from jaxcore.hf.convert import flat_state
+    from jaxcore.model.state import flat_state
 
     cfg = model.config
     params = sum(int(v.size) for v in flat_state(model).values())

@@ -72,9 +72,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
 
     import jaxcore
     from jaxcore.es import eggroll
-    from jaxcore.es.population import variable_at
-    from jaxcore.hf.convert import flat_state
     from jaxcore.inference.generate import generate
+    from jaxcore.model.state import flat_state, variable_at
 
     s = shapes(options)
     model = jaxcore.load_hf(bench_checkpoint(options), dtype=options.dtype)

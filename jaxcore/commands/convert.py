@@ -22,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxcore.hf.convert import flat_state, load_hf, save_hf
+    from jaxcore.hf.convert import load_hf, save_hf
     from jaxcore.hf.model_checkpoint import load_model, save_model, tokenizer_dir
+    from jaxcore.model.state import flat_state
 
     if args.from_gguf:
         from jaxcore.hf.gguf import gguf_to_hf

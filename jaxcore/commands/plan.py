@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_type(path: str | None, overrides: list[str]) -> type:
     """GRPOConfig when the YAML has a `grpo` section or an override sets grpo.*, else ESConfig."""
-    from jaxcore.config.jobs import ESConfig, GRPOConfig
     from jaxcore.config.yaml_config import read_yaml
+    from jaxcore.es.config import ESConfig
+    from jaxcore.grpo.config import GRPOConfig
 
     keys = set(read_yaml(path)) if path else set()
     keys |= {o.split("=", 1)[0].split(".", 1)[0] for o in overrides}

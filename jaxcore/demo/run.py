@@ -53,7 +53,7 @@ def warm_start(model: Any, tokenizer: Any, task: Any, cfg: DemoConfig) -> list[f
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     import jaxcore
     from jaxcore.commands.es import train_es
-    from jaxcore.config.jobs import ESConfig
+    from jaxcore.es.config import ESConfig
     from jaxcore.hf.model_checkpoint import save_model
     from jaxcore.hf.tiny import write_tiny_checkpoint
     from jaxcore.hf.tokenization import load_tokenizer

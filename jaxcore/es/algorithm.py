@@ -10,6 +10,7 @@ updates only its slice of them, and the compute weights are re-assembled for the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -17,15 +18,16 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxcore.config.jobs import ESConfig
 from jaxcore.es import eggroll
-from jaxcore.hf.convert import flat_state
-from jaxcore.hf.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
-from jaxcore.inference.generate import generate
-from jaxcore.parallel import sharding
+from jaxcore.es.config import ESConfig
+from jaxcore.es.memory import plan_job
+from jaxcore.model.state import flat_state, write_params
+from jaxcore.parallel import meshes, sharding
 from jaxcore.rewards import Example, Scorer
-from jaxcore.runtime.optim import make_schedule
-from jaxcore.runtime.runner import StepResult
+from jaxcore.runtime.algorithm import Algorithm, StepResult
+from jaxcore.runtime.memory import MemoryPlan
+from jaxcore.runtime.optim import make_optimizer
+from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +58,6 @@ def allgather_sum(values: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(values)).sum(0)
 
 
-MASTER_DTYPES = ("float32", "bfloat16")
-
-
 def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = 2**14) -> None:
     """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
     each device then updates only its slice, and the optimizer state (initialised from them) follows.
@@ -69,7 +68,7 @@ def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", m
              if not (isinstance(value, jax.Array) and value.dtype == jax.numpy.dtype(dtype)
                      and value.sharding.is_equivalent_to(target(path, tuple(value.shape)), value.ndim))}
     if moved:
-        eggroll.write_params(model, sharding.shard_params(
+        write_params(model, sharding.shard_params(
             moved, lambda path, shape: target(path, shape).spec, mesh, dtype=dtype))
 
 
@@ -81,29 +80,51 @@ def init_opt_state(optimizer: Any, params: dict[str, jax.Array], mesh: jax.shard
 def compute_model(model: Any, mesh: jax.sharding.Mesh) -> Any:
     """A copy of `model` whose weights are in its compute dtype, tensor-parallel over the mesh's
     "model" axis (replicated over "pop"): re-assembled from the sharded masters once per epoch."""
-    size = mesh.shape[sharding.MODEL]
+    size = mesh.shape[meshes.MODEL]
     flat = sharding.shard_params(flat_state(model), lambda path, shape: sharding.tensor_parallel_spec(
-        path, shape, sharding.MODEL, size), mesh, dtype=model.dtype)
+        path, shape, meshes.MODEL, size), mesh, dtype=model.dtype)
     graphdef, state = nnx.split(model)
     copy = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
-    eggroll.write_params(copy, flat)
+    write_params(copy, flat)
     return copy
 
 
-class EggrollAlgorithm:
+class EggrollAlgorithm(Algorithm):
     """EGGROLL on a jaxcore model: population rollouts, scoring, shaped fitness, optax update."""
+
+    name = "es"
+
+    @classmethod
+    def load_targets(cls, cfg: ESConfig) -> dict[str, Any]:
+        """Masters sharded over the whole (pop, model) mesh in `es.master_dtype` (empty when the mesh cannot be
+        built: the constructor then says why)."""
+        try:
+            mesh = meshes.es_mesh(cfg.mesh.model)
+        except ValueError:
+            return {}
+        return {"shardings": sharding.master_shardings(mesh, cfg.mesh.shard_min_size),
+                "param_dtype": cfg.es.master_dtype}
+
+    @classmethod
+    def mesh_divisor(cls, cfg: ESConfig) -> tuple[str, int]:
+        return "mesh.model", cfg.mesh.model
+
+    @classmethod
+    def memory_plan(cls, cfg: ESConfig, model_cfg: Any, **kw: Any) -> MemoryPlan:
+        return plan_job(cfg, model_cfg, **kw)
+
+    @classmethod
+    def device_memory(cls, cfg: ESConfig) -> str:
+        return cfg.mesh.device_memory
 
     def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = ()):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.eos_token_ids = eos_token_ids
         es = cfg.es
-        self.plan = eggroll.make_plan(model, eggroll.EggrollConfig(
-            population=es.population, rank=es.rank, sigma=es.sigma, noise_reuse=es.noise_reuse, seed=cfg.train.seed,
-            include_embeddings=es.include_embeddings, include_lm_head=es.include_lm_head, non_matrix=es.non_matrix))
-        if es.master_dtype not in MASTER_DTYPES:
-            raise ValueError(f"es.master_dtype={es.master_dtype!r}: choose {' or '.join(MASTER_DTYPES)}")
-        self.mesh = sharding.es_mesh(cfg.mesh.model)
-        pop_devices = self.mesh.shape[sharding.POP]
+        self.plan = eggroll.make_plan(model, dataclasses.replace(es, seed=cfg.train.seed if es.seed is None
+                                                                 else es.seed))
+        self.mesh = meshes.es_mesh(cfg.mesh.model)
+        pop_devices = self.mesh.shape[meshes.POP]
         if es.population % pop_devices:
             raise ValueError(f"es.population={es.population} must be a multiple of the {pop_devices} devices "
                              f"of the pop axis")
@@ -113,11 +134,9 @@ class EggrollAlgorithm:
         if min_size < 1:
             raise ValueError(f"mesh.shard_min_size={min_size} must be >= 1")
         shard_masters(model, self.mesh, es.master_dtype, min_size)
-        self.rows = sharding.leading_axis(self.mesh, sharding.POP)
+        self.rows = meshes.leading_axis(self.mesh, meshes.POP)
         self.eval_sharding = self.rows          # evaluation: rows over "pop", weights over "model" (eval_model)
-        schedule = make_schedule(cfg.optimizer, cfg.train.epochs)
-        self.optimizer = eggroll.make_optimizer(cfg.optimizer.name, schedule, weight_decay=cfg.optimizer.weight_decay,
-                                                momentum=cfg.optimizer.momentum)
+        self.optimizer = make_optimizer(cfg.optimizer, total_steps=cfg.train.epochs)
         self.opt_state = init_opt_state(self.optimizer, eggroll.perturbed_params(model, self.plan), self.mesh)
 
     def eval_model(self) -> Any:
@@ -131,46 +150,37 @@ class EggrollAlgorithm:
         return {"params": flat_state(self.model), "opt_state": self.opt_state}
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        eggroll.write_params(self.model, state["params"])
+        write_params(self.model, state["params"])
         self.opt_state = state["opt_state"]
 
     # -- one epoch -------------------------------------------------------------------------------
 
     def rollout_rows(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray, list[Example]]:
         """Prompt ids/mask for every row (member-major, prompt-major inside) and each row's example."""
-        r = self.cfg.rollout
-        ids, mask, self.prompts_truncated = encode_prompts_limited(
-            self.tokenizer, [e.prompt for e in examples], rollout_prompt_limit(r, self.model.config),
-            r.max_new_tokens, chat_template=r.chat_template, system=r.system_prompt)
-        g, n = r.generations_per_prompt, self.cfg.es.population
+        ids, mask, self.prompts_truncated = encode_rollout_prompts(self.tokenizer, examples, self.cfg.rollout,
+                                                                   self.model.config)
+        g, n = self.cfg.rollout.generations_per_prompt, self.cfg.es.population
         member_ids, member_mask = np.repeat(ids, g, axis=0), np.repeat(mask, g, axis=0)
         row_examples = [e for e in examples for _ in range(g)] * n
         return np.tile(member_ids, (n, 1)), np.tile(member_mask, (n, 1)), row_examples
 
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
-        r, es = self.cfg.rollout, self.cfg.es
-        n, p, g = es.population, len(examples), r.generations_per_prompt
+        es = self.cfg.es
+        n, p, g = es.population, len(examples), self.cfg.rollout.generations_per_prompt
         ids, mask, row_examples = self.rollout_rows(examples)
         population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch, out_sharding=self.rows)
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
-        result = generate(population, ids, mask, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                          top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, eos_token_ids=self.eos_token_ids,
-                          pad_token_id=self.tokenizer.pad_token_id, key=key, row_sharding=self.rows)
-        rows, tokens = local_rows(result.tokens)
-        _, lengths = local_rows(result.lengths)
-        texts = decode_completions(self.tokenizer, tokens, lengths)
-        scores = scorer.score(texts, [row_examples[i] for i in rows])
-        rewards = np.zeros(n * p * g, np.float64)
-        rewards[rows] = scores.rewards_B
-        rewards = allgather_sum(rewards).reshape(n, p, g)
+        result = sample(population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
+                        pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows)
+        scores = score_rows(result, row_examples, self.tokenizer, scorer)
+        rewards = scores.rewards_B.reshape(n, p, g)
         fitness_N = member_fitness(rewards, es.shaping)
         metrics: dict[str, Any] = {
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_max": float(rewards.max()),
-            "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(lengths)),
-            "num_tokens": int(allgather_sum(np.array([lengths.sum()]))[0]),
+            "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(scores.lengths_B)),
+            "num_tokens": int(scores.lengths_B.sum()),
             "prompts/truncated": self.prompts_truncated,
-            **{f"rewards/{k}/mean": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
-               for k, v in scores.per_function.items()},
+            **{f"rewards/{k}/mean": v for k, v in function_means(scores.per_function).items()},
             **{f"rewards/{k}/failures": v for k, v in scores.failures.items()},
         }
         if not np.isfinite(fitness_N).all():

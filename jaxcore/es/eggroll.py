@@ -30,40 +30,17 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
-from jaxcore.es.population import MemberNoise, perturbed_model, variable_at
-from jaxcore.hf.convert import flat_state
+from jaxcore.es.config import EggrollConfig  # noqa: F401  (re-exported: `eggroll.EggrollConfig`)
+from jaxcore.es.population import MemberNoise, perturbed_model
+from jaxcore.model.state import flat_state, variable_at, write_params
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.sharding import factor_specs
+from jaxcore.runtime.optim import OptimizerConfig
+from jaxcore.runtime.optim import make_optimizer as make_optimizer_from
 
 Array = jax.Array
 SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
 _LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class EggrollConfig:
-    """Population and noise settings."""
-
-    population: int = 64            # N members, even (antithetic pairs)
-    rank: int = 1                   # r
-    sigma: float = 0.01
-    noise_reuse: int = 1            # epochs that share one draw of noise
-    seed: int = 0
-    include_embeddings: bool = False
-    include_lm_head: bool = False
-    non_matrix: str = "frozen"      # "frozen" | "full" (full-rank Gaussian noise on norms and biases)
-
-    def __post_init__(self) -> None:
-        if self.population < 2 or self.population % 2:
-            raise ValueError(f"population must be an even number >= 2, got {self.population}")
-        if self.rank < 1:
-            raise ValueError(f"rank must be >= 1, got {self.rank}")
-        if self.noise_reuse < 1:
-            raise ValueError(f"noise_reuse must be >= 1, got {self.noise_reuse}")
-        if self.non_matrix not in ("frozen", "full"):
-            raise ValueError(f"non_matrix must be 'frozen' or 'full', got {self.non_matrix!r}")
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +100,7 @@ def parameter_keys(paths: list[str], seed: int) -> dict[str, Array]:
 
 def make_plan(model: Transformer, cfg: EggrollConfig) -> NoisePlan:
     """The noise plan for `model` (keys for every parameter kind/layer, so options never shift them)."""
+    cfg = dataclasses.replace(cfg, seed=cfg.seed or 0)        # a copy: later edits of `cfg` never reach the plan
     shapes = {path: tuple(value.shape) for path, value in flat_state(model).items()}
     keys = parameter_keys(sorted(shapes), cfg.seed)
     targets = select_targets(shapes, cfg)
@@ -272,15 +250,10 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
 def make_optimizer(name: str = "sgd", learning_rate: float | optax.Schedule = 1e-3, *,
                    weight_decay: float = 0.0, momentum: float | None = None,
                    b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
-    """SGD (default), Adam or AdamW, by name; `learning_rate` may be an optax schedule."""
-    if name == "sgd":
-        opt = optax.sgd(learning_rate, momentum=momentum)
-        return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
-    if name == "adam":
-        return optax.adam(learning_rate, b1=b1, b2=b2)
-    if name == "adamw":
-        return optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; choose sgd, adam or adamw")
+    """SGD (default), Adam or AdamW by name, at a fixed rate or an optax schedule: the library's one optimiser
+    factory (`jaxcore.runtime.optim.make_optimizer`) with these settings."""
+    cfg = OptimizerConfig(name=name, weight_decay=weight_decay, momentum=momentum, adam_beta1=b1, adam_beta2=b2)
+    return make_optimizer_from(cfg, learning_rate=learning_rate)
 
 
 def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:
@@ -312,12 +285,6 @@ apply_update_donating = jax.jit(_apply_update, static_argnames=("optimizer",), d
 # eager dispatch then maps the result onto the mesh of an earlier call with the same devices, which fails
 # once two mesh shapes have been used in one process (tests/test_mesh.py has the case).
 global_norm = jax.jit(optax.tree.norm)
-
-
-def write_params(model: Transformer, params: dict[str, Array]) -> None:
-    """Store updated parameters back into the model's variables."""
-    for path, value in params.items():
-        variable_at(model, path).set_value(value)
 
 
 def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransformation, opt_state: Any,

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcore.model.state import variable_at
 from jaxcore.model.transformer import Transformer
 
 Array = jax.Array
@@ -133,14 +134,6 @@ class MemberNoise:
         sign = _SIGNS_S[i % 2]
         return ({p: (a[i // 2], sign * b[i // 2]) for p, (a, b) in self.low_rank.items()},
                 {p: sign * d[i // 2] for p, d in self.dense.items()})
-
-
-def variable_at(model: nnx.Module, path: str) -> nnx.Variable:
-    """The variable at a dotted parameter path such as 'blocks.0.attn.q.kernel'."""
-    node: Any = model
-    for part in path.split("."):
-        node = node[int(part)] if part.isdigit() else getattr(node, part)
-    return node
 
 
 def perturbed_model(base: Transformer, noise: MemberNoise) -> Transformer:

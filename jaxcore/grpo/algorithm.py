@@ -21,9 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxcore.config.jobs import GRPOConfig
-from jaxcore.es.algorithm import allgather_sum, local_rows
 from jaxcore.grpo.advantages import compute_advantages, reward_metrics
+from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.learner import GRPOLearner
 from jaxcore.grpo.loss import GRPOLossConfig
 from jaxcore.grpo.step import GRPOBatch, GRPOTrainConfig, TrainState, build_batch, rollout_metrics
@@ -31,7 +30,8 @@ from jaxcore.hf.model_checkpoint import load_any
 from jaxcore.hf.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.inference.generate import bucket_length, generate, pad_left
 from jaxcore.model.lora import LoRAConfig
-from jaxcore.parallel import sharding
+from jaxcore.parallel import meshes, rows, sharding
+from jaxcore.parallel.rows import allgather_sum, local_rows
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.runner import StepResult
 
@@ -78,7 +78,7 @@ def make_grpo_mesh(fsdp: int) -> jax.sharding.Mesh:
     """All devices: a "data" axis, times an "fsdp" axis when `fsdp > 1`."""
     if fsdp < 1:
         raise ValueError(f"grpo.fsdp={fsdp} must be >= 1")
-    return sharding.make_mesh({"data": -1, "fsdp": fsdp} if fsdp > 1 else {"data": -1})
+    return meshes.make_mesh({"data": -1, "fsdp": fsdp} if fsdp > 1 else {"data": -1})
 
 
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:
@@ -121,8 +121,8 @@ class GRPOAlgorithm:
         ref_model = (lambda: load_any(ref_path, cfg.model.dtype, remat=cfg.model.remat,
                                       **sharding.load_targets(cfg))[0]) if ref_path else None
         self.learner = GRPOLearner(model, train_cfg, mesh=self.mesh, ref_model=ref_model)
-        self.rows = sharding.leading_axis(self.mesh, self.learner.batch_axes)
-        self.eval_sharding = sharding.replicated(self.mesh)
+        self.rows = meshes.leading_axis(self.mesh, self.learner.batch_axes)
+        self.eval_sharding = meshes.replicated(self.mesh)
         self.num_tokens = 0      # TRL's running count of prompt + completion tokens (skipped rollouts too)
 
     @property
@@ -202,12 +202,12 @@ class GRPOAlgorithm:
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: Any, advantages_B: np.ndarray) -> GRPOBatch:
         """The learner's batch; with mu > 1 at temperature 1 the rollout log-probs become `old_logp`."""
         g = self.cfg.rollout.generations_per_prompt
-        tokens, lengths = sharding.gather_rows(result.tokens), sharding.gather_rows(result.lengths)
+        tokens, lengths = rows.gather_rows(result.tokens), rows.gather_rows(result.lengths)
         completion_mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
                             self.eos_token_ids)
         if self.learner.needs_old_logp() and self.learner.cfg.temperature == 1.0:
-            logprobs = np.where(completion_mask, sharding.gather_rows(result.logprobs), 0.0).astype(np.float32)
+            logprobs = np.where(completion_mask, rows.gather_rows(result.logprobs), 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
         return batch
 

@@ -37,9 +37,11 @@ from jaxcore.grpo.step import (
     make_train_step,
     policy_logps,
 )
+from jaxcore.hf import peft
 from jaxcore.model import lora
 from jaxcore.model.transformer import Transformer
-from jaxcore.parallel.sharding import fsdp_shardings, optimizer_state_shardings, replicated
+from jaxcore.parallel.meshes import replicated
+from jaxcore.parallel.sharding import fsdp_shardings, optimizer_state_shardings
 
 RefModel = Transformer | Callable[[], Transformer] | None
 
@@ -84,7 +86,7 @@ class GRPOLearner:
         if cfg.lora is None:
             params, self.frozen = base, None
         else:
-            params = lora.init_adapters(model, cfg.lora, jax.random.key(cfg.seed))
+            params = peft.init_peft_adapters(model, cfg.lora, jax.random.key(cfg.seed))
             if mesh is not None:
                 params = jax.device_put(params, replicated(mesh))
             self.frozen = base
@@ -139,7 +141,7 @@ class GRPOLearner:
         if self.cfg.lora is None:
             raise ValueError("save_adapter needs a LoRA learner (cfg.lora)")
         base = nnx.merge(self.graphdef, self.frozen, self.rest)
-        return lora.save_adapter(base, self.state.params, self.cfg.lora, out_dir, base_model_path)
+        return peft.save_adapter(base, self.state.params, self.cfg.lora, out_dir, base_model_path)
 
     def shard(self, batch: GRPOBatch) -> GRPOBatch:
         """Place a host batch on the mesh (split over the batch axes), or on the default device."""

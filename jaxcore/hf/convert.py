@@ -43,6 +43,7 @@ from jaxcore.hf.mapping import (  # noqa: F401  (TensorMap, tensor_maps, hf_to_p
     tensor_maps,
 )
 from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
+from jaxcore.model.state import flat_state
 from jaxcore.model.transformer import Transformer, abstract_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -189,22 +190,6 @@ def place(shape: tuple[int, ...], dtype: Any, sharding: jax.sharding.Sharding | 
 
 
 # ----------------------------------------------------------------------------- model state
-
-
-def flat_state(model: Transformer) -> dict[str, Any]:
-    """{'blocks.0.attn.q.kernel': value, ...} for every parameter of the model."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            if isinstance(value, dict):
-                walk(value, path + ".")
-            else:
-                flat[path] = value
-
-    walk(nnx.to_pure_dict(nnx.state(model, nnx.Param)), "")
-    return flat
 
 
 def load_params_into(model: Transformer, flat: Mapping[str, Any], param_dtype: Any) -> Transformer:

@@ -28,11 +28,11 @@ from jaxcore.hf.convert import (
     Shardings,
     atomic_directory,
     copy_tokenizer_files,
-    flat_state,
     load_params_into,
     sharding_function,
 )
 from jaxcore.model.config import ConfigError, config_from_hf
+from jaxcore.model.state import flat_state
 from jaxcore.model.transformer import Transformer, abstract_model
 
 FORMAT = "jaxcore-model"

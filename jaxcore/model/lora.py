@@ -7,45 +7,42 @@ without forming ``w + a @ b``. The base stays frozen (and may be stored in bf16)
 ``{kernel path: {"a": [I, r], "b": [r, O]}}`` are trained. Adapters off is the base model itself,
 which is why GRPO's reference model costs no second copy.
 
-Exports: `merged_model` (``w + scaling * a @ b``, peft's `merge_and_unload`) for `save_hf`, and
-`save_adapter`, a directory `peft.PeftModel.from_pretrained` loads (adapter_config.json +
-adapter_model.safetensors with peft's key names). Targets use HF module names (q_proj, ..., down_proj).
-GPT-2 (fused c_attn Conv1D) is not supported.
+Exports: `merged_model` (``w + scaling * a @ b``, peft's `merge_and_unload`) for `save_hf`; the peft
+adapter directory and the choice of targets by HF module name (q_proj, ..., down_proj) are
+`jaxcore.hf.peft`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from safetensors.numpy import save_file
 
-from jaxcore.es.population import variable_at
-from jaxcore.hf.convert import atomic_directory
-from jaxcore.hf.mapping import tensor_maps
+from jaxcore.model.state import variable_at
 from jaxcore.model.transformer import Transformer
 
 Array = jax.Array
 Adapters = dict[str, dict[str, Array]]          # kernel path -> {"a": [I, r], "b": [r, O]}
 ALL_LINEAR = "all-linear"                       # peft's shorthand: every linear layer except lm_head
+LORA_EXPORTS = ("merged", "adapter", "both")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class LoRAConfig:
-    """peft's LoraConfig names and defaults (r, lora_alpha, target_modules, lora_dropout)."""
+    """peft's LoraConfig (r, lora_alpha, target_modules, lora_dropout), plus the frozen base's dtype and what
+    a training run exports; a job's `grpo.lora` section."""
 
     rank: int = 8
     alpha: float = 8.0
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    target_modules: list[str] = dataclasses.field(default_factory=lambda: ["q_proj", "v_proj"])
     dropout: float = 0.0
-    base_dtype: str | None = None        # e.g. "bfloat16": store the frozen base in this dtype
+    base_dtype: str | None = None       # e.g. bfloat16: store the frozen base in bf16
+    export: str = "both"                # merged (train.export_hf's final_hf) | adapter (final_adapter) | both
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -54,6 +51,8 @@ class LoRAConfig:
             raise ValueError("lora.dropout must be in [0, 1)")
         if not self.target_modules:
             raise ValueError("lora.target_modules is empty")
+        if self.export not in LORA_EXPORTS:
+            raise ValueError(f"lora.export={self.export}: expected {', '.join(LORA_EXPORTS)}")
 
     @property
     def scaling(self) -> float:
@@ -83,32 +82,11 @@ class LoRAKernel:
         return dataclasses.replace(self, w=self.w.astype(dtype), a=self.a.astype(dtype), b=self.b.astype(dtype))
 
 
-def hf_modules(model: Transformer) -> dict[str, str]:
-    """jaxcore kernel path -> HF module name (e.g. 'blocks.0.attn.q.kernel' -> 'model.layers.0.self_attn.q_proj')."""
-    if model.config.is_gpt2:
-        raise ValueError("LoRA is not supported for GPT-2 (fused c_attn); use a Llama/Qwen-style model")
-    return {m.jax_paths[0]: m.hf_key.removesuffix(".weight") for m in tensor_maps(model.config)
-            if m.kind == "transpose"}
-
-
-def target_paths(model: Transformer, cfg: LoRAConfig) -> dict[str, str]:
-    """The targeted kernels (peft's matching: a target names the module's last component)."""
-    modules = hf_modules(model)
-    if ALL_LINEAR in cfg.target_modules:
-        return {p: m for p, m in modules.items() if not m.endswith("lm_head")}
-    chosen = {p: m for p, m in modules.items() if m.rsplit(".", 1)[-1] in cfg.target_modules}
-    names = {m.rsplit(".", 1)[-1] for m in modules.values()}
-    unknown = set(cfg.target_modules) - names
-    if unknown:
-        raise ValueError(f"lora.target_modules {sorted(unknown)} match no module; choose from {sorted(names)} "
-                         f"or {ALL_LINEAR}")
-    return chosen
-
-
-def init_adapters(model: Transformer, cfg: LoRAConfig, key: Array) -> Adapters:
-    """peft's init: a ~ kaiming_uniform(sqrt 5) = U(-1/sqrt(I), 1/sqrt(I)), b = 0 (so the model is unchanged)."""
+def init_adapters(model: Transformer, paths: Iterable[str], cfg: LoRAConfig, key: Array) -> Adapters:
+    """Adapters on the kernels at `paths` (`jaxcore.hf.peft.target_paths` picks them by HF module name), with
+    peft's init: a ~ kaiming_uniform(sqrt 5) = U(-1/sqrt(I), 1/sqrt(I)), b = 0 (so the model is unchanged)."""
     adapters: Adapters = {}
-    for i, path in enumerate(sorted(target_paths(model, cfg))):
+    for i, path in enumerate(sorted(paths)):
         d_in, d_out = variable_at(model, path).get_value().shape
         bound = 1.0 / math.sqrt(d_in)
         a = jax.random.uniform(jax.random.fold_in(key, i), (d_in, cfg.rank), jnp.float32, -bound, bound)
@@ -148,37 +126,3 @@ def merged_model(base: Transformer, adapters: Adapters, cfg: LoRAConfig, dtype: 
         variable.set_value((w + cfg.scaling * (ab["a"].astype(jnp.float32) @ ab["b"].astype(jnp.float32)))
                            .astype(dtype))
     return model
-
-
-def adapter_tensors(base: Transformer, adapters: Adapters) -> dict[str, np.ndarray]:
-    """peft's state-dict names and layouts: lora_A.weight [r, I], lora_B.weight [O, r]."""
-    modules = hf_modules(base)
-    out = {}
-    for path, ab in adapters.items():
-        prefix = f"base_model.model.{modules[path]}"
-        out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(np.asarray(ab["a"], np.float32).T)
-        out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(np.asarray(ab["b"], np.float32).T)
-    return out
-
-
-def adapter_config(base: Transformer, adapters: Adapters, cfg: LoRAConfig, base_model_path: str = "") -> dict:
-    """A peft LoraConfig (as adapter_config.json) for these adapters."""
-    modules = hf_modules(base)
-    targets = sorted({modules[p].rsplit(".", 1)[-1] for p in adapters})
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.rank, "lora_alpha": cfg.alpha,
-            "lora_dropout": cfg.dropout, "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
-            "modules_to_save": None, "base_model_name_or_path": base_model_path}
-
-
-def save_adapter(base: Transformer, adapters: Adapters, cfg: LoRAConfig, out_dir: str | Path,
-                 base_model_path: str = "") -> Path:
-    """Write a peft adapter directory (adapter_config.json + adapter_model.safetensors) atomically."""
-    tensors = adapter_tensors(base, adapters)
-    config = adapter_config(base, adapters, cfg, base_model_path)
-
-    def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-    return atomic_directory(out_dir, write)

@@ -1,12 +1,11 @@
-"""Device meshes and shardings (jax.sharding.Mesh + NamedSharding; no pmap), and multi-host init."""
+"""Where arrays live on a mesh: partition specs (tensor-parallel, FSDP, the ES masters), placing and
+resharding parameters, and gathering a sharded model for export (jax.sharding only; no pmap)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import math
-import os
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -14,44 +13,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcore.parallel.meshes import MODEL, POP, replicated
+
 log = logging.getLogger(__name__)
-
-
-def maybe_initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                                 process_id: int | None = None) -> bool:
-    """Call `jax.distributed.initialize` when a multi-host run is configured (args or JAX_* env)."""
-    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if not coordinator:
-        return False
-    num_processes = num_processes if num_processes is not None else int(os.environ["JAX_NUM_PROCESSES"])
-    process_id = process_id if process_id is not None else int(os.environ["JAX_PROCESS_ID"])
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)
-    log.info("jax.distributed: process %d/%d, %d global devices", process_id, num_processes,
-             jax.device_count())
-    return True
-
-
-def make_mesh(axis_sizes: dict[str, int] | None = None, devices: Sequence[Any] | None = None) -> Mesh:
-    """A mesh over all (global) devices. One size may be -1 (the rest); default {"data": -1}."""
-    devices = list(devices if devices is not None else jax.devices())
-    sizes = dict(axis_sizes or {"data": -1})
-    known = math.prod(v for v in sizes.values() if v != -1)
-    for name, size in sizes.items():
-        if size == -1:
-            sizes[name] = len(devices) // known
-    if math.prod(sizes.values()) != len(devices):
-        raise ValueError(f"mesh axes {sizes} do not multiply to the {len(devices)} available devices")
-    return Mesh(np.asarray(devices).reshape(tuple(sizes.values())), tuple(sizes))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
-
-
-def leading_axis(mesh: Mesh, axis: str | tuple[str, ...]) -> NamedSharding:
-    """Shard the first dimension over `axis` (population or batch), replicate the rest."""
-    return NamedSharding(mesh, P(axis))
 
 
 def fsdp_spec(shape: tuple[int, ...], axis: str, axis_size: int, min_size: int = 2**14) -> P:
@@ -94,16 +58,8 @@ def replicate_model(model: Any, mesh: Mesh) -> Any:
 
 # ----------------------------------------------------------------------------- (pop, model) meshes
 
-POP, MODEL = "pop", "model"
 _COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up", "lm_head")   # shard the output dim
 _ROW_PARALLEL = ("attn.o", "mlp.down")                                               # shard the input dim
-
-
-def es_mesh(model_size: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
-    """The ES mesh: ("pop", "model"); `model` shards the compute weights, `pop` gets the other devices."""
-    if model_size < 1:
-        raise ValueError(f"mesh.model={model_size} must be >= 1")
-    return make_mesh({POP: -1, MODEL: model_size}, devices)
 
 
 def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size: int) -> P:
@@ -242,31 +198,3 @@ def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = 2**14) -> A
     return lambda path, shape: NamedSharding(mesh, fsdp_spec(tuple(shape), axis, mesh.shape[axis], min_size))
 
 
-def load_targets(cfg: Any) -> dict[str, Any]:
-    """Keyword arguments for `load_any` that put a training job's weights straight where its trainer keeps
-    them: ES masters sharded over the whole (pop, model) mesh in `es.master_dtype`; GRPO with `fsdp > 1`
-    FSDP-sharded over its mesh. Empty (load to the default device) otherwise, or when the mesh cannot be
-    built (the trainer then reports why)."""
-    try:
-        if hasattr(cfg, "es") and hasattr(cfg, "mesh"):
-            targets = {"shardings": master_shardings(es_mesh(cfg.mesh.model), cfg.mesh.shard_min_size)}
-            if cfg.es.master_dtype in ("float32", "bfloat16"):      # anything else: the trainer says so
-                targets["param_dtype"] = cfg.es.master_dtype
-            return targets
-        if hasattr(cfg, "grpo") and cfg.grpo.fsdp > 1:
-            from jaxcore.grpo.algorithm import make_grpo_mesh
-
-            return {"shardings": fsdp_sharding_fn(make_grpo_mesh(cfg.grpo.fsdp))}
-    except ValueError:
-        pass
-    return {}
-
-
-def gather_rows(array: Any) -> np.ndarray:
-    """A (row-sharded) global array in full on this host: read locally when this process holds all of it
-    (or it is replicated), else all-gathered across processes."""
-    if not isinstance(array, jax.Array) or array.is_fully_addressable or array.is_fully_replicated:
-        return np.asarray(array)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))

@@ -1,4 +1,5 @@
-"""Per-device memory of an ES or GRPO run, from config.json alone (no weights are read).
+"""Per-device memory of a run, from config.json alone (no weights are read): the `MemoryPlan` and the
+byte counts ES's and GRPO's plans (`jaxcore.es.memory`, `jaxcore.grpo.memory`) are made of.
 
 A plan is a set of terms (bytes per device). Persistent terms live for the whole run; terms in a
 phase live only while that phase runs (generation, the ES update, GRPO's training step), so the
@@ -35,42 +36,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from types import SimpleNamespace
 from typing import Any
 
 from jaxcore.errors import UserError
-from jaxcore.inference.generate import bucket_length
 from jaxcore.model.config import ModelConfig
 
 GB = 1e9
 DEFAULT_PROMPT_TOKENS = 128
-_OPT_COPIES = {"sgd": 0, "adam": 2, "adamw": 2}
-_FSDP_MIN_SIZE = 2**14          # es_trainer.shard_masters / GRPOLearner: smaller leaves stay replicated
-
-ES_ADVICE = {
-    "compute weights": "raise mesh.model (each device then holds 1/mesh.model of every weight)",
-    "master weights": "use more devices or es.master_dtype=bfloat16",
-    "optimizer state": "use optimizer.name=sgd or es.master_dtype=bfloat16",
-    "factors": "lower es.population or es.rank",
-    "update factors": "lower es.population or es.rank",
-    "gradient": "use more devices",
-    "kv cache": "lower rollout.prompts_per_epoch, rollout.generations_per_prompt, rollout.max_new_tokens "
-                "(or the prompt length) or es.population, or use more devices (mesh.model does not shrink it)",
-    "activations": "lower rollout.prompts_per_epoch or es.population, or use more devices",
-}
-GRPO_ADVICE = {
-    "master weights": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
-    "compute weights": "raise grpo.fsdp",
-    "optimizer state": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
-    "reference model": "set grpo.beta=0, raise grpo.fsdp or use grpo.lora (its reference is the base)",
-    "gradients": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
-    "kv cache": "lower rollout.prompts_per_epoch, rollout.generations_per_prompt or rollout.max_new_tokens "
-                "(or the prompt length), or use more devices",
-    "generation activations": "lower rollout.prompts_per_epoch or rollout.generations_per_prompt",
-    "activations": "raise grpo.steps_per_generation / grpo.gradient_accumulation_steps (smaller micro-batches), "
-                   "set model.remat=true, or lower rollout.max_new_tokens",
-    "scoring activations": "raise grpo.steps_per_generation or lower rollout.prompts_per_epoch",
-}
+OPTIMIZER_COPIES = {"sgd": 0, "adam": 2, "adamw": 2}
+FSDP_MIN_SIZE = 2**14          # shard_masters / GRPOLearner: smaller leaves stay replicated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +59,7 @@ class MemoryPlan:
     phases: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     algorithm: str = "es"
     mesh: str = ""
-    advice: dict[str, str] = dataclasses.field(default_factory=lambda: dict(ES_ADVICE))
+    advice: dict[str, str] = dataclasses.field(default_factory=dict)     # term -> what to change
 
     @property
     def persistent(self) -> float:
@@ -142,13 +116,13 @@ class MemoryPlan:
 @functools.lru_cache(maxsize=8)
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's shape (abstract model: no arrays are allocated)."""
-    from jaxcore.hf.convert import flat_state
+    from jaxcore.model.state import flat_state
     from jaxcore.model.transformer import abstract_model
 
     return {k: tuple(v.shape) for k, v in flat_state(abstract_model(cfg)).items()}
 
 
-def _split(path: str, shape: tuple[int, ...], m: int) -> tuple[int, int]:
+def split_divisors(path: str, shape: tuple[int, ...], m: int) -> tuple[int, int]:
     """(input, output) divisors of a weight over the model axis (its tensor-parallel spec)."""
     from jaxcore.parallel.sharding import tensor_parallel_spec
 
@@ -156,29 +130,30 @@ def _split(path: str, shape: tuple[int, ...], m: int) -> tuple[int, int]:
     return (m if spec[0] else 1), (m if spec[1] else 1)
 
 
-def _divisors(spec: Any, ndim: int, axis_sizes: dict[str, int]) -> tuple[int, ...]:
+def spec_divisors(spec: Any, ndim: int, axis_sizes: dict[str, int]) -> tuple[int, ...]:
     """Per-dimension divisors of a leaf with PartitionSpec `spec` over axes of the given sizes."""
     entries = tuple(spec) + (None,) * ndim
     return tuple(math.prod(axis_sizes[a] for a in ((e,) if isinstance(e, str) else e)) if e else 1
                  for e in entries[:ndim])
 
 
-def _fsdp_bytes(shape: tuple[int, ...], size: int, itemsize: float) -> float:
+def fsdp_bytes(shape: tuple[int, ...], size: int, itemsize: float) -> float:
     """Bytes per device of a leaf FSDP-sharded over `size` devices (`sharding.fsdp_spec`)."""
     from jaxcore.parallel.sharding import fsdp_spec
 
-    divisors = _divisors(fsdp_spec(shape, "x", size, _FSDP_MIN_SIZE), len(shape), {"x": size})
+    divisors = spec_divisors(fsdp_spec(shape, "x", size, FSDP_MIN_SIZE), len(shape), {"x": size})
     return math.prod(shape) * itemsize / math.prod(divisors)
 
 
-def _master_divisors(path: str, shape: tuple[int, ...], pop: int, m: int, min_size: int) -> tuple[int, ...]:
+def master_divisors(path: str, shape: tuple[int, ...], pop: int, m: int, min_size: int) -> tuple[int, ...]:
     """Per-dimension divisors of an ES master on a (pop, model) mesh (`sharding.master_partition`)."""
-    from jaxcore.parallel.sharding import MODEL, POP, master_partition
+    from jaxcore.parallel.meshes import MODEL, POP
+    from jaxcore.parallel.sharding import master_partition
 
-    return _divisors(master_partition(path, shape, pop, m, min_size), len(shape), {POP: pop, MODEL: m})
+    return spec_divisors(master_partition(path, shape, pop, m, min_size), len(shape), {POP: pop, MODEL: m})
 
 
-def _itemsize(dtype: str, key: str) -> int:
+def itemsize(dtype: str, key: str) -> int:
     import jax.numpy as jnp
 
     try:
@@ -187,125 +162,16 @@ def _itemsize(dtype: str, key: str) -> int:
         raise UserError(f"{key}={dtype!r} is not a dtype (e.g. float32, bfloat16)") from None
 
 
-def _kv_cache(cfg: ModelConfig, rows: float, length: int, itemsize: int, m: int = 1) -> float:
+def kv_cache_bytes(cfg: ModelConfig, rows: float, length: int, itemsize: int, m: int = 1) -> float:
     kv_heads = cfg.num_kv_heads / m if cfg.num_kv_heads % m == 0 else cfg.num_kv_heads
     return 2 * cfg.num_layers * rows * kv_heads * length * cfg.head_dim * itemsize
 
 
-def _prefill_activations(cfg: ModelConfig, rows: float, t: int, itemsize: int, m: int = 1) -> float:
+def prefill_activation_bytes(cfg: ModelConfig, rows: float, t: int, itemsize: int, m: int = 1) -> float:
     """One prefill layer's working set and the last position's fp32 logits (twice: sampling's copy)."""
     heads = cfg.num_heads / m if cfg.num_heads % m == 0 else cfg.num_heads
     layer = rows * t * (4 * cfg.hidden_size + 3 * cfg.intermediate_size / m) * itemsize + rows * heads * t * t * 4
     return layer + 2 * rows * cfg.vocab_size * 4
-
-
-def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, generations: int, prompt_tokens: int,
-            max_new_tokens: int, devices: int, model_axis: int = 1, compute_dtype: str = "float32",
-            master_dtype: str = "float32", optimizer: str = "sgd", momentum: bool = False,
-            targets: tuple[str, ...] | None = None, device_memory: float | None = None,
-            shard_min_size: int = _FSDP_MIN_SIZE) -> MemoryPlan:
-    """The per-device memory of one ES epoch; `targets` are the perturbed paths (default: every matrix
-    but the embedding and the LM head, as EGGROLL's defaults); leaves under `shard_min_size` elements
-    keep replicated masters (mesh.shard_min_size)."""
-    shapes = param_shapes(cfg)
-    c, mb = _itemsize(compute_dtype, "model.dtype"), _itemsize(master_dtype, "es.master_dtype")
-    m, pop = model_axis, devices // model_axis
-    if targets is None:
-        targets = tuple(p for p, s in shapes.items() if len(s) == 2 and p not in ("embed.table", "lm_head.kernel",
-                                                                                    "pos_embed.table"))
-    compute = 0.0
-    for path, shape in shapes.items():
-        d_in, d_out = _split(path, shape, m) if len(shape) == 2 else (1, 1)
-        compute += math.prod(shape) * c / (d_in * d_out)
-    master_div = {p: _master_divisors(p, s, pop, m, shard_min_size) for p, s in shapes.items()}
-
-    def sliced(path: str, itemsize: float) -> float:
-        return math.prod(shapes[path]) * itemsize / math.prod(master_div[path])
-
-    masters = sum(sliced(p, mb) for p in shapes)
-    perturbed = sum(sliced(p, mb) for p in targets)
-    copies = _OPT_COPIES.get(optimizer, 2) + (1 if optimizer == "sgd" and momentum else 0)
-    pairs = population // 2
-    pairs_per_device = max(math.ceil(pairs / pop), 1)
-    factors = regenerate = 0.0
-    for path in targets:
-        i, o = shapes[path]
-        d_in, d_out = _split(path, shapes[path], m)
-        factors += pairs_per_device * rank * (i / d_in + o / d_out) * c
-        # estimate_gradient: each device regenerates every pair's factors in fp32, but only the slice
-        # its part of g needs along the sharded dimension (a draw and its scaled copy)
-        g_in, g_out = master_div[path]
-        regenerate += 2 * pairs * rank * (i / g_in + o / g_out) * 4
-    rows = math.ceil(population * prompts * generations / pop)
-    length = bucket_length(prompt_tokens) + max_new_tokens
-    terms = {"compute weights": compute, "master weights": masters, "optimizer state": copies * perturbed,
-             "factors": factors,
-             "kv cache": _kv_cache(cfg, rows, length, c, m),
-             "activations": _prefill_activations(cfg, rows, bucket_length(prompt_tokens), c, m),
-             "update factors": regenerate,
-             "gradient": sum(sliced(p, 4) for p in targets)}
-    phases = {"generation": ("kv cache", "activations"), "update": ("update factors", "gradient")}
-    return MemoryPlan(terms, devices, m, device_memory, population, phases, "es", f"pop={pop} model={m}",
-                      dict(ES_ADVICE))
-
-
-def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
-    from jaxcore.model.lora import LoRAConfig, target_paths
-
-    try:
-        return sorted(target_paths(SimpleNamespace(config=cfg), LoRAConfig(target_modules=target_modules)))
-    except ValueError as err:
-        raise UserError(str(err)) from None
-
-
-def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens: int, max_new_tokens: int,
-              devices: int, fsdp: int = 1, compute_dtype: str = "float32", beta: float = 0.0,
-              lora_rank: int | None = None, lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
-              lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
-              accumulation: int = 1, scoring: bool = False, device_memory: float | None = None) -> MemoryPlan:
-    """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `micro_batches` is
-    TRL's steps_per_generation (each forward/backward sees rows / micro_batches); `scoring`: a forward
-    over the whole rollout for old or reference log-probs."""
-    shapes = param_shapes(cfg)
-    c = _itemsize(compute_dtype, "model.dtype")
-    base_bytes = _itemsize(lora_base_dtype, "grpo.lora.base_dtype") if lora_rank and lora_base_dtype else 4
-    count = sum(math.prod(s) for s in shapes.values())
-    base = sum(_fsdp_bytes(s, fsdp, base_bytes) for s in shapes.values())
-    # the weights a forward reads: a compute-dtype cast, and all-gathered over fsdp (whole, as an upper bound)
-    gathered = count * c if (c != base_bytes or fsdp > 1) else 0.0
-    if lora_rank:
-        adapters = sum(lora_rank * sum(shapes[p]) * 4 for p in _lora_paths(cfg, lora_targets))   # replicated
-        trainable, reference = adapters, 0.0
-    else:
-        adapters, trainable = 0.0, sum(_fsdp_bytes(s, fsdp, 4) for s in shapes.values())
-        reference = base if beta != 0.0 else 0.0
-    moments = 2 * trainable          # AdamW's two moments, sharded like the trainable parameters
-    gen_rows = math.ceil(prompts * generations / devices)
-    t_prompt = bucket_length(prompt_tokens)
-    seq = t_prompt + max_new_tokens
-    rows = math.ceil(prompts * generations / (devices * micro_batches))
-    d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    # saved for the backward per token per layer: norms (fp32 and compute), q/k/v, RoPE'd q/k (fp32),
-    # attention output, MLP input, gate/up/product; and the [H, T, T] fp32 attention probabilities
-    per_token = c * (6 * d + 2 * cfg.num_heads * e + 4 * cfg.num_kv_heads * e + 3 * f) + 4 * (2 * d + 2 * (
-        cfg.num_heads + cfg.num_kv_heads) * e) + cfg.num_heads * seq * (4 + c)
-    if remat:       # only each block's input is kept; one block is recomputed at a time
-        saved = rows * seq * (cfg.num_layers * d * c + per_token)
-    else:
-        saved = rows * seq * cfg.num_layers * per_token
-    logits = 3 * rows * seq * cfg.vocab_size * 4           # fp32 logits, log-softmax, their gradient
-    score_rows = gen_rows if scoring else 0
-    terms = {"master weights": base + adapters, "compute weights": gathered, "optimizer state": moments,
-             "reference model": reference,
-             "kv cache": _kv_cache(cfg, gen_rows, seq, c),
-             "generation activations": _prefill_activations(cfg, gen_rows, t_prompt, c),
-             "gradients": trainable * (2 if accumulation > 1 else 1),
-             "activations": saved + logits,
-             "scoring activations": 2 * score_rows * seq * cfg.vocab_size * 4 + score_rows * seq * per_token}
-    phases = {"generation": ("kv cache", "generation activations"), "training": ("gradients", "activations"),
-              "scoring": ("scoring activations",)}
-    return MemoryPlan(terms, devices, 1, device_memory, 0, phases, "grpo",
-                      f"data={devices // fsdp} fsdp={fsdp}", dict(GRPO_ADVICE))
 
 
 def largest_population(fits: Any, start: int, devices: int) -> int:
@@ -333,5 +199,5 @@ def refusal(plan: MemoryPlan) -> str | None:
         return None
     name = plan.biggest()
     return (f"this run needs {plan.total / GB:.1f} GB per device but a device has {plan.device_memory / GB:.1f} GB; "
-            f"the biggest term is {name} ({plan.terms[name] / GB:.1f} GB): {plan.advice[name]} "
+            f"the biggest term is {name} ({plan.terms[name] / GB:.1f} GB): {plan.advice.get(name, 'use more devices')} "
             f"(see `jaxcore plan`)")

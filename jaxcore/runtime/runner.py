@@ -15,14 +15,13 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import numpy as np
@@ -33,30 +32,12 @@ from jaxcore.hf.tokenization import PromptLimit, decode_completions, encode_prom
 from jaxcore.inference.generate import generate
 from jaxcore.parallel import sharding
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
+from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.metrics import MetricsLogger, plot_rewards
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class StepResult:
-    metrics: dict[str, Any]
-    skipped: bool = False          # NaN/Inf somewhere: nothing was applied
-    reason: str = ""
-
-
-class Algorithm(Protocol):
-    """What a trainer provides to the runner."""
-
-    model: Any
-
-    def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult: ...
-
-    def checkpoint_state(self) -> Any: ...
-
-    def restore_state(self, state: Any) -> None: ...
 
 
 class StopSignal:
@@ -107,8 +88,8 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
                           eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
                           row_sharding=row_sharding)
-        texts.extend(decode_completions(tokenizer, sharding.gather_rows(result.tokens)[:rows],
-                                             sharding.gather_rows(result.lengths)[:rows]))
+        texts.extend(decode_completions(tokenizer, rows.gather_rows(result.tokens)[:rows],
+                                             rows.gather_rows(result.lengths)[:rows]))
     scores = scorer.score(texts, examples)
     out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
     for name, values in scores.per_function.items():
@@ -178,15 +159,10 @@ class Runner:
         return Scorer(self.task.reward_fns, self.task.reward_weights, num_workers=r.num_workers,
                       timeout_s=r.timeout_s, fallback=r.fallback)
 
-    @property
-    def algorithm_name(self) -> str:
-        """"es" or "grpo" (from the config class), stored in checkpoints to refuse cross-algorithm resumes."""
-        return type(self.cfg).__name__.removesuffix("Config").lower()
-
     def _save(self, epoch: int, *, wait: bool = False) -> None:
         state = self.algorithm.checkpoint_state()
         meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg),
-                "algorithm": self.algorithm_name, "shapes": state_shapes(state)}
+                "algorithm": self.algorithm.name, "shapes": state_shapes(state)}
         self.checkpointer.save(epoch, state, meta, wait=wait)
 
     def _resume(self, allow_changes: bool = False) -> int:
@@ -194,18 +170,18 @@ class Runner:
         target = self.algorithm.checkpoint_state()
         config, shapes = to_dict(self.cfg), state_shapes(target)
         state, meta = self.checkpointer.restore_newest(
-            target, lambda meta: check_resume_compatible(meta, config, self.algorithm_name, shapes, allow_changes))
+            target, lambda meta: check_resume_compatible(meta, config, self.algorithm.name, shapes, allow_changes))
         self.algorithm.restore_state(state)
         log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
         return int(meta["epoch"]) + 1
 
     def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
         t = self.cfg.train
-        model = self.algorithm.eval_model() if hasattr(self.algorithm, "eval_model") else self.algorithm.model
+        model = self.algorithm.eval_model()
         return evaluate(model, self.tokenizer, self.eval_examples, scorer,
                         max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
                         chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
-                        eos_token_ids=self.eos_token_ids, row_sharding=getattr(self.algorithm, "eval_sharding", None),
+                        eos_token_ids=self.eos_token_ids, row_sharding=self.algorithm.eval_sharding,
                         prompt_limit=rollout_prompt_limit(self.cfg.rollout, self.algorithm.model.config))
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
@@ -319,12 +295,12 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
     return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in leaves}
 
 
-def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm],
+def run_training(cfg: Any, algorithm: type[Algorithm],
                  resume: bool = False, allow_changes: bool = False, *, build_task: Callable[[], Any] | None = None,
                  model: Any = None, tokenizer_dir: str | None = None) -> dict[str, Any]:
-    """Take the out_dir lock, load cfg.model and its tokenizer, build `make_algorithm(model, tokenizer,
-    eos_token_ids)`, run the `Runner`, and export `algorithm.model` to out_dir/final_hf on process 0 (when
-    `train.export_hf`).
+    """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
+    eos_token_ids=...)`, run the `Runner`, and export `algorithm.export_model()` to out_dir/final_hf on
+    process 0 (when `train.export_hf`).
 
     The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
     the task and loading a model; it is held through the export and released on every exit.
@@ -333,18 +309,18 @@ def run_training(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]],
     grpo`; bad input (no model path, no tokenizer, an algorithm setting the algorithm rejects with
     ValueError) is a one-line `UserError`.
     """
-    from jaxcore.parallel.sharding import maybe_initialize_distributed
+    from jaxcore.parallel.meshes import maybe_initialize_distributed
 
     d = cfg.distributed
     if d.coordinator:                           # first: the lock's name depends on the process index
         maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
     lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
     with OutDirLock(cfg.train.out_dir, lock_name):
-        return _load_train_export(cfg, make_algorithm, resume, allow_changes, build_task=build_task, model=model,
+        return _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
                                   tokenizer_dir=tokenizer_dir)
 
 
-def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, ...]], Algorithm], resume: bool,
+def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
                        tokenizer_dir: str | None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
@@ -358,14 +334,14 @@ def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, 
         refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
     task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
                                                                     cfg.rewards.weights)
-    reason = check_fits(cfg, model.config if model is not None else None)   # config.json only: before loading
+    reason = check_fits(cfg, algorithm_type, model.config if model is not None else None)   # config.json only
     if reason:
         raise UserError(reason)
     if model is None:
         if not cfg.model.path:
             raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
         model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
-                                  **sharding.load_targets(cfg))      # each weight read straight into its shard
+                                  **algorithm_type.load_targets(cfg))      # each weight read straight into its shard
     else:
         tok_dir = tokenizer_dir or cfg.model.path or None
     if tok_dir is None:
@@ -373,17 +349,15 @@ def _load_train_export(cfg: Any, make_algorithm: Callable[[Any, Any, tuple[int, 
     tokenizer = load_tokenizer(tok_dir)
     eos = eos_token_ids(tokenizer, model.config.hf_config)
     try:
-        algorithm = make_algorithm(model, tokenizer, eos)
+        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos)
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
     summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
                                                                              allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
-        export = algorithm.export_model() if hasattr(algorithm, "export_model") else algorithm.model
-        final = sharding.gathered_model(export)        # every process takes part in the gather
+        final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
         if jax.process_index() == 0:
             summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
-            if hasattr(algorithm, "export_extra"):
-                summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
+            summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
     return summary

@@ -1,0 +1,113 @@
+"""The per-device memory of a GRPO epoch on a (data, fsdp) mesh (terms described in
+`jaxcore.runtime.memory`), and the plan of a GRPO job config (`jaxcore plan`, the start-up check)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from jaxcore.errors import UserError
+from jaxcore.hf.peft import target_paths
+from jaxcore.inference.generate import bucket_length
+from jaxcore.model.config import ModelConfig
+from jaxcore.model.lora import LoRAConfig
+from jaxcore.runtime.memory import (
+    MemoryPlan,
+    fsdp_bytes,
+    itemsize,
+    kv_cache_bytes,
+    param_shapes,
+    prefill_activation_bytes,
+)
+from jaxcore.runtime.plan_check import prompt_tokens_of
+
+GRPO_ADVICE = {
+    "master weights": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
+    "compute weights": "raise grpo.fsdp",
+    "optimizer state": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
+    "reference model": "set grpo.beta=0, raise grpo.fsdp or use grpo.lora (its reference is the base)",
+    "gradients": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
+    "kv cache": "lower rollout.prompts_per_epoch, rollout.generations_per_prompt or rollout.max_new_tokens "
+                "(or the prompt length), or use more devices",
+    "generation activations": "lower rollout.prompts_per_epoch or rollout.generations_per_prompt",
+    "activations": "raise grpo.steps_per_generation / grpo.gradient_accumulation_steps (smaller micro-batches), "
+                   "set model.remat=true, or lower rollout.max_new_tokens",
+    "scoring activations": "raise grpo.steps_per_generation or lower rollout.prompts_per_epoch",
+}
+
+
+
+
+def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
+    try:
+        return sorted(target_paths(SimpleNamespace(config=cfg), LoRAConfig(target_modules=target_modules)))
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens: int, max_new_tokens: int,
+              devices: int, fsdp: int = 1, compute_dtype: str = "float32", beta: float = 0.0,
+              lora_rank: int | None = None, lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
+              lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
+              accumulation: int = 1, scoring: bool = False, device_memory: float | None = None) -> MemoryPlan:
+    """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `micro_batches` is
+    TRL's steps_per_generation (each forward/backward sees rows / micro_batches); `scoring`: a forward
+    over the whole rollout for old or reference log-probs."""
+    shapes = param_shapes(cfg)
+    c = itemsize(compute_dtype, "model.dtype")
+    base_bytes = itemsize(lora_base_dtype, "grpo.lora.base_dtype") if lora_rank and lora_base_dtype else 4
+    count = sum(math.prod(s) for s in shapes.values())
+    base = sum(fsdp_bytes(s, fsdp, base_bytes) for s in shapes.values())
+    # the weights a forward reads: a compute-dtype cast, and all-gathered over fsdp (whole, as an upper bound)
+    gathered = count * c if (c != base_bytes or fsdp > 1) else 0.0
+    if lora_rank:
+        adapters = sum(lora_rank * sum(shapes[p]) * 4 for p in _lora_paths(cfg, lora_targets))   # replicated
+        trainable, reference = adapters, 0.0
+    else:
+        adapters, trainable = 0.0, sum(fsdp_bytes(s, fsdp, 4) for s in shapes.values())
+        reference = base if beta != 0.0 else 0.0
+    moments = 2 * trainable          # AdamW's two moments, sharded like the trainable parameters
+    gen_rows = math.ceil(prompts * generations / devices)
+    t_prompt = bucket_length(prompt_tokens)
+    seq = t_prompt + max_new_tokens
+    rows = math.ceil(prompts * generations / (devices * micro_batches))
+    d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    # saved for the backward per token per layer: norms (fp32 and compute), q/k/v, RoPE'd q/k (fp32),
+    # attention output, MLP input, gate/up/product; and the [H, T, T] fp32 attention probabilities
+    per_token = c * (6 * d + 2 * cfg.num_heads * e + 4 * cfg.num_kv_heads * e + 3 * f) + 4 * (2 * d + 2 * (
+        cfg.num_heads + cfg.num_kv_heads) * e) + cfg.num_heads * seq * (4 + c)
+    if remat:       # only each block's input is kept; one block is recomputed at a time
+        saved = rows * seq * (cfg.num_layers * d * c + per_token)
+    else:
+        saved = rows * seq * cfg.num_layers * per_token
+    logits = 3 * rows * seq * cfg.vocab_size * 4           # fp32 logits, log-softmax, their gradient
+    score_rows = gen_rows if scoring else 0
+    terms = {"master weights": base + adapters, "compute weights": gathered, "optimizer state": moments,
+             "reference model": reference,
+             "kv cache": kv_cache_bytes(cfg, gen_rows, seq, c),
+             "generation activations": prefill_activation_bytes(cfg, gen_rows, t_prompt, c),
+             "gradients": trainable * (2 if accumulation > 1 else 1),
+             "activations": saved + logits,
+             "scoring activations": 2 * score_rows * seq * cfg.vocab_size * 4 + score_rows * seq * per_token}
+    phases = {"generation": ("kv cache", "generation activations"), "training": ("gradients", "activations"),
+              "scoring": ("scoring activations",)}
+    return MemoryPlan(terms, devices, 1, device_memory, 0, phases, "grpo",
+                      f"data={devices // fsdp} fsdp={fsdp}", dict(GRPO_ADVICE))
+
+
+def plan_job(grpo_cfg: Any, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
+                     prompt_tokens: int | None = None, prompts: int | None = None) -> MemoryPlan:
+    """`plan_grpo` for a `jaxcore grpo` job config (`GRPOConfig`)."""
+    g, r = grpo_cfg.grpo, grpo_cfg.rollout
+    lora = g.lora
+    micro = g.steps_per_generation or g.gradient_accumulation_steps
+    old_logp = (g.num_iterations > 1 or micro // g.gradient_accumulation_steps > 1) and r.temperature != 1.0
+    return plan_grpo(model_cfg, prompts=prompts or r.prompts_per_epoch, generations=r.generations_per_prompt,
+                     prompt_tokens=prompt_tokens_of(grpo_cfg, prompt_tokens), max_new_tokens=r.max_new_tokens,
+                     devices=devices, fsdp=g.fsdp, compute_dtype=grpo_cfg.model.dtype, beta=g.beta,
+                     lora_rank=lora.rank if lora else None,
+                     lora_targets=tuple(lora.target_modules) if lora else (),
+                     lora_base_dtype=lora.base_dtype if lora else None, remat=grpo_cfg.model.remat,
+                     micro_batches=micro, accumulation=g.gradient_accumulation_steps,
+                     scoring=g.beta != 0.0 or old_logp, device_memory=device_memory)

@@ -1,0 +1,23 @@
+"""The `distributed:` and `mesh:` sections of a job config (declared once here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class DistributedConfig:
+    """The `distributed:` section: a multi-process run's coordinator (jax.distributed.initialize)."""
+
+    coordinator: str | None = None      # "host:port": run jax.distributed.initialize
+    num_processes: int = 1
+    process_id: int = 0
+
+
+@dataclasses.dataclass
+class MeshConfig:
+    """The `mesh:` section of an ES job: how the (pop, model) mesh splits the devices."""
+
+    model: int = 1                      # devices that shard each compute weight; "pop" gets the rest
+    device_memory: str = ""             # e.g. "40GB": checked against the memory plan (GPUs: read from the device)
+    shard_min_size: int = 2**14         # master/optimizer-state leaves with fewer elements stay replicated

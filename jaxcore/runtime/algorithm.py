@@ -1,0 +1,80 @@
+"""What the training loop asks of an algorithm (ES, GRPO): the `Algorithm` base class, and `StepResult`.
+
+The runtime knows algorithms only through this class: before any weight is read it asks the algorithm's
+class for its name, its memory plan, the mesh setting that must divide the devices and where the weights
+should be loaded; during the run it asks the instance for a training step, its checkpoint state, the model
+to evaluate and the model to export. The runtime imports neither `jaxcore.es` nor `jaxcore.grpo`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+from jaxcore.runtime.memory import MemoryPlan
+
+
+@dataclasses.dataclass
+class StepResult:
+    metrics: dict[str, Any]
+    skipped: bool = False          # NaN/Inf somewhere: nothing was applied
+    reason: str = ""
+
+
+class Algorithm(abc.ABC):
+    """A training algorithm on the shared runtime; built as `cls(model, tokenizer, cfg, eos_token_ids=...)`."""
+
+    name: ClassVar[str]            # "es" | "grpo": stored in checkpoints, so a resume never crosses algorithms
+    eval_sharding: Any = None      # the row sharding held-out evaluation runs with (None: default placement)
+
+    # -- asked of the class, before the model is loaded -------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def load_targets(cls, cfg: Any) -> dict[str, Any]:
+        """Keyword arguments for `load_any` that load each weight straight where the algorithm keeps it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def mesh_divisor(cls, cfg: Any) -> tuple[str, int]:
+        """The setting that must divide the device count, as (dotted key, value)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def memory_plan(cls, cfg: Any, model_cfg: Any, *, devices: int, device_memory: float | None = None,
+                    prompt_tokens: int | None = None, **sizes: int) -> MemoryPlan:
+        """The per-device memory plan of this job (`sizes` override the configured population or prompts)."""
+
+    @classmethod
+    def device_memory(cls, cfg: Any) -> str:
+        """A configured per-device memory to plan against ("" = the accelerator's own limit)."""
+        return ""
+
+    # -- asked of the instance, during the run -------------------------------------------------------
+
+    model: Any
+
+    @abc.abstractmethod
+    def train_step(self, epoch: int, examples: list[Any], scorer: Any) -> StepResult:
+        """Roll out `examples`, score them with `scorer` and update the model once (one epoch)."""
+
+    @abc.abstractmethod
+    def checkpoint_state(self) -> Any:
+        """The pytree a checkpoint stores (and `restore_state` takes back)."""
+
+    @abc.abstractmethod
+    def restore_state(self, state: Any) -> None:
+        """Continue from a checkpoint's state."""
+
+    def eval_model(self) -> Any:
+        """The model held-out evaluation generates with."""
+        return self.model
+
+    def export_model(self) -> Any:
+        """The model `save_hf` writes to out_dir/final_hf."""
+        return self.model
+
+    def export_extra(self, out_dir: str, base_model_path: str) -> dict[str, str]:
+        """Anything written beside final_hf (e.g. a LoRA adapter), as {summary key: path}."""
+        return {}

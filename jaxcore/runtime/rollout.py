@@ -1,0 +1,72 @@
+"""One rollout, shared by every algorithm: encode the epoch's prompts under the rollout's limits, sample
+completions with its settings, and score them, each process scoring only the rows it holds and the
+values of every row summed over processes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxcore.hf.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
+from jaxcore.inference.generate import GenerationResult, generate
+from jaxcore.parallel.rows import allgather_sum, local_rows
+from jaxcore.rewards import Example, Scorer, ScoreResult
+from jaxcore.runtime.config import RolloutConfig
+
+
+def encode_rollout_prompts(tokenizer: Any, examples: Sequence[Example], rollout: RolloutConfig, model_config: Any
+                           ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Left-padded prompt ids and mask [B, T] under the rollout's prompt limit, and how many were truncated."""
+    return encode_prompts_limited(tokenizer, [e.prompt for e in examples], rollout_prompt_limit(rollout, model_config),
+                                  rollout.max_new_tokens, chat_template=rollout.chat_template,
+                                  system=rollout.system_prompt)
+
+
+def sample(model: Any, ids: np.ndarray, mask: np.ndarray, rollout: RolloutConfig, *, key: jax.Array,
+           eos_token_ids: tuple[int, ...], pad_token_id: int, row_sharding: Any = None,
+           num_return_sequences: int = 1) -> GenerationResult:
+    """Completions of every prompt row with the rollout's sampling settings."""
+    return generate(model, ids, mask, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                    top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p, eos_token_ids=eos_token_ids,
+                    num_return_sequences=num_return_sequences, key=key, pad_token_id=pad_token_id,
+                    row_sharding=row_sharding)
+
+
+@dataclasses.dataclass
+class RowScores:
+    """The scores of every row of a rollout (all processes)."""
+
+    rewards_B: np.ndarray                 # the combined reward per row
+    per_function: dict[str, np.ndarray]   # each function's value per row (NaN where it gave none)
+    failures: dict[str, int]              # per function: rows that got the fallback
+    lengths_B: np.ndarray                 # completion tokens per row
+
+
+def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokenizer: Any, scorer: Scorer, *,
+               combined: Callable[[ScoreResult], np.ndarray] | None = None) -> RowScores:
+    """Each process decodes and scores the rows of `result` it holds; every row's values, summed over
+    processes. `combined` turns a batch's `ScoreResult` into the reward per row (default: its weighted sum)."""
+    rows, tokens = local_rows(result.tokens)
+    _, lengths = local_rows(result.lengths)
+    scores = scorer.score(decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows])
+    size = len(row_examples)
+
+    def every_row(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(size, np.float64)
+        out[rows] = values
+        return allgather_sum(out)
+
+    names = list(scores.failures)
+    failures = allgather_sum(np.array([scores.failures[n] for n in names], np.int64))
+    return RowScores(rewards_B=every_row(scores.rewards_B if combined is None else combined(scores)),
+                     per_function={name: every_row(values) for name, values in scores.per_function.items()},
+                     failures=dict(zip(names, failures.tolist())), lengths_B=every_row(lengths))
+
+
+def function_means(per_function: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each reward function's mean over the rows it scored (NaN when it scored none)."""
+    return {name: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for name, v in per_function.items()}
