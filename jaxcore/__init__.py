@@ -8,7 +8,10 @@
 Heavy modules load lazily, so `import jaxcore.rewards` (e.g. in reward worker processes) stays light.
 """
 
+import importlib
 from typing import Any
+
+from jaxcore import _moved
 
 __version__ = "0.1.0"
 _LAZY = {
@@ -22,9 +25,12 @@ _LAZY = {
 __all__ = [*_LAZY, "__version__"]
 
 
+_moved.install()          # the flat module paths of earlier releases still import (deprecated)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _moved.MOVED and name not in _moved.PACKAGES_NOW:     # `from jaxcore import eggroll` (old path)
+        return importlib.import_module(f"jaxcore.{name}")
     raise AttributeError(f"module 'jaxcore' has no attribute {name!r}")

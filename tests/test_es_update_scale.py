@@ -158,7 +158,7 @@ def test_reference_lr_translates_as_lr_ref_times_sigma_times_sqrt_n(tiny_dir):
 
 def test_sgd_es_run_raises_reward_on_warm_model(tmp_path):
     """Countdown-style ES (SGD at a literal learning rate, z-score, greedy) on the demo's warm tiny model."""
-    from jaxcore.commands.es import train_es
+    from jaxcore.api import ESTrainer
     from jaxcore.demo.run import DemoConfig, warm_start
     from jaxcore.hf.model_checkpoint import save_model
     from jaxcore.hf.tiny import write_tiny_checkpoint
@@ -178,7 +178,7 @@ def test_sgd_es_run_raises_reward_on_warm_model(tmp_path):
     t = cfg.train
     t.epochs, t.eval_every, t.eval_prompts, t.checkpoint_every = 40, 40, 128, 0
     t.out_dir, t.progress, t.tensorboard, t.export_hf = str(tmp_path / "es"), False, False, False
-    summary = train_es(cfg)
+    summary = ESTrainer(args=cfg).train()
     print("held-out reward", summary["eval_reward_before"], "->", summary["eval_reward_after"])
     assert summary["eval_reward_after"] >= summary["eval_reward_before"] + 0.05, summary
 

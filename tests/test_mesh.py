@@ -403,7 +403,7 @@ def test_planner_follows_shard_min_size(tiny_dir):
     """`jaxcore plan`'s master term is the trainer's own per-device master bytes, for either
     mesh.shard_min_size (tiny weights replicated by default, 1/8 each with 1)."""
     from jaxcore.es.algorithm import EggrollAlgorithm
-    from jaxcore.runtime.plan_check import plan_es_config
+    from jaxcore.es.memory import plan_job as plan_es_config
 
     path = tiny_dir("llama")
     for extra in ([], ["mesh.shard_min_size=1"]):

@@ -154,7 +154,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tiny_dir, tmp_path, capsys):
 def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, tmp_path, monkeypatch):
     import jax.numpy as jnp
 
-    from jaxcore.commands.es import train_es
+    from jaxcore.api import ESTrainer
     from jaxcore.es import eggroll
     from jaxcore.runtime.runner import TrainingError
 
@@ -171,7 +171,7 @@ def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, t
     cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
                                               "train.checkpoint_every=1", "train.max_bad_steps=2"))
     with pytest.raises(TrainingError, match="2 consecutive bad steps"):
-        train_es(cfg)
+        ESTrainer(args=cfg).train()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped"] for r in records] == [False, True, False, True, True]
     from jaxcore.runtime.checkpoint import TrainCheckpointer
@@ -191,7 +191,7 @@ def hanging_reward(completions, examples):
 
 
 def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_dir, tmp_path, monkeypatch):
-    from jaxcore.commands.es import train_es
+    from jaxcore.api import ESTrainer
     from jaxcore.rewards import get_task
     from jaxcore.runtime import runner as train
 
@@ -203,7 +203,7 @@ def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_
     cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=-1",
                                               "rewards.num_workers=2", "rewards.timeout_s=2",
                                               "rewards.fallback=-1.0"))
-    summary = train_es(cfg)
+    summary = ESTrainer(args=cfg).train()
     assert summary["stopped_by"] is None
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["rewards/crash/failures"] == 32 and r["rewards/hang/failures"] == 32 for r in records)

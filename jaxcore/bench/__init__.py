@@ -2,6 +2,9 @@
 
 Each suite is a module `jaxcore.bench.<suite>` with `run(options: BenchOptions) -> dict[str, Any]`
 returning flat keys such as `"generate.jax_over_hf"`, plus descriptive entries (shapes, device).
+
+An application of the library: may import `jaxcore.api` and everything below it, and `torchref` (the
+references it measures against).
 """
 
 from __future__ import annotations

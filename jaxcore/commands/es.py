@@ -41,10 +41,3 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")
     return 0
-
-
-def train_es(cfg, resume: bool = False, allow_changes: bool = False) -> dict:
-    """`ESTrainer(args=cfg).train(resume)`: load the model, run EGGROLL, export final_hf when configured."""
-    from jaxcore.api import ESTrainer
-
-    return ESTrainer(args=cfg).train(resume=resume, allow_changes=allow_changes)

@@ -31,15 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
-def config_type(path: str | None, overrides: list[str]) -> type:
-    """GRPOConfig when the YAML has a `grpo` section or an override sets grpo.*, else ESConfig."""
+def trainer_type(path: str | None, overrides: list[str]) -> type:
+    """GRPOTrainer when the YAML has a `grpo` section or an override sets grpo.*, else ESTrainer (each
+    names its config and its algorithm)."""
+    from jaxcore.api import ESTrainer, GRPOTrainer
     from jaxcore.config.yaml_config import read_yaml
-    from jaxcore.es.config import ESConfig
-    from jaxcore.grpo.config import GRPOConfig
 
     keys = set(read_yaml(path)) if path else set()
     keys |= {o.split("=", 1)[0].split(".", 1)[0] for o in overrides}
-    return GRPOConfig if "grpo" in keys else ESConfig
+    return GRPOTrainer if "grpo" in keys else ESTrainer
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from jaxcore.errors import UserError
     from jaxcore.model.config import config_from_hf
     from jaxcore.runtime.memory import largest_multiple, largest_population, refusal
-    from jaxcore.runtime.plan_check import hf_config_at, mesh_divisor, parse_bytes, plan_config
+    from jaxcore.runtime.plan_check import hf_config_at, parse_bytes
 
-    cfg = load_config(config_type(args.config, args.overrides), args.config, args.overrides)
+    trainer = trainer_type(args.config, args.overrides)
+    cfg = load_config(trainer.config_type, args.config, args.overrides)
+    algorithm = trainer.algorithm_type()
     if args.model_config:
         source = Path(args.model_config)
         hf = json.loads(source.read_text()) if source.is_file() else None
@@ -66,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
 
         args.devices = jax.device_count()
     memory = parse_bytes(args.device_memory) if args.device_memory else None
-    name, size = mesh_divisor(cfg)
+    name, size = algorithm.mesh_divisor(cfg)
     if size < 1 or args.devices % size:
         raise UserError(f"{name}={size} does not divide {args.devices} devices")
     common = dict(devices=args.devices, device_memory=memory, prompt_tokens=args.prompt_tokens)
-    plan = plan_config(cfg, model_cfg, **common)
+    plan = algorithm.memory_plan(cfg, model_cfg, **common)
     print(plan.table())
     reason = refusal(plan)
     if reason:
@@ -78,16 +80,15 @@ def run(args: argparse.Namespace) -> int:
     out = {**plan.to_json()}
     if memory is not None:
         if plan.algorithm == "es":
-            best = largest_population(lambda n: plan_config(cfg, model_cfg, population=n, **common).fits,
+            best = largest_population(lambda n: algorithm.memory_plan(cfg, model_cfg, population=n, **common).fits,
                                       cfg.es.population, args.devices // cfg.mesh.model)
             print(f"largest population that fits: {best}")
             out["largest_population"] = best
         else:
             g = cfg.rollout.generations_per_prompt
-            micro = cfg.grpo.steps_per_generation or cfg.grpo.gradient_accumulation_steps
-            split = args.devices * micro              # rows = prompts x G must split over devices x micro-batches
+            split = args.devices * cfg.grpo.generation_steps    # prompts x G rows split over devices x micro-batches
             step = split // math.gcd(split, g)
-            best = largest_multiple(lambda p: plan_config(cfg, model_cfg, prompts=p, **common).fits,
+            best = largest_multiple(lambda p: algorithm.memory_plan(cfg, model_cfg, prompts=p, **common).fits,
                                     cfg.rollout.prompts_per_epoch, step)
             print(f"largest rollout.prompts_per_epoch that fits: {best}")
             out["largest_prompts_per_epoch"] = best

@@ -1,1 +1,12 @@
-"""jaxcore.demo."""
+"""`jaxcore demo`, an application of the library: a tiny model warm-started with a short supervised run
+(`sft`), trained with EGGROLL and scored before and after with transformers (`run`).
+
+May import: `jaxcore.api` and everything below it, and `torchref` (the reference evaluation).
+"""
+
+
+def __getattr__(name: str) -> object:
+    """Names of the old flat module `jaxcore.demo` (deprecated; see `jaxcore._moved`)."""
+    from jaxcore._moved import old_attribute
+
+    return old_attribute("demo", name)

@@ -52,7 +52,7 @@ def warm_start(model: Any, tokenizer: Any, task: Any, cfg: DemoConfig) -> list[f
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     import jaxcore
-    from jaxcore.commands.es import train_es
+    from jaxcore.api import ESTrainer
     from jaxcore.es.config import ESConfig
     from jaxcore.hf.model_checkpoint import save_model
     from jaxcore.hf.tiny import write_tiny_checkpoint
@@ -85,7 +85,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     t.eval_every, t.checkpoint_every = cfg.eval_every, cfg.eval_every
     print(f"[3/4] EGGROLL: population {cfg.population} over {jax.device_count()} devices, {cfg.epochs} epochs",
           flush=True)
-    summary = train_es(es_cfg)
+    summary = ESTrainer(args=es_cfg).train()
 
     print("[4/4] held-out evaluation with transformers (torch), greedy", flush=True)
     held_out = task.examples("eval", cfg.eval_prompts, cfg.seed)

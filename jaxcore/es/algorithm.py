@@ -42,22 +42,6 @@ def member_fitness(rewards_NPG: np.ndarray, shaping: str) -> np.ndarray:
     return per_prompt_NP.mean(-1)
 
 
-def local_rows(array: jax.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(row indices, host values) of the rows of a row-sharded global array this process holds."""
-    shards = sorted({s.index[0].start or 0: s for s in array.addressable_shards}.items())
-    rows = np.concatenate([np.arange(start, start + s.data.shape[0]) for start, s in shards])
-    return rows, np.concatenate([np.asarray(s.data) for _, s in shards])
-
-
-def allgather_sum(values: np.ndarray) -> np.ndarray:
-    """Sum a host array over processes (each process fills the entries it owns, zeros elsewhere)."""
-    if jax.process_count() == 1:
-        return values
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(values)).sum(0)
-
-
 def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = 2**14) -> None:
     """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
     each device then updates only its slice, and the optimizer state (initialised from them) follows.

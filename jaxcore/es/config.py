@@ -48,13 +48,17 @@ class EggrollConfig:
             raise ValueError(f"master_dtype={self.master_dtype!r}: choose {' or '.join(MASTER_DTYPES)}")
 
 
+def _greedy_rollout() -> RolloutConfig:
+    return RolloutConfig(temperature=0.0)
+
+
 @dataclasses.dataclass
 class ESConfig:
     """`jaxcore es` configuration."""
 
     model: ModelSource = dataclasses.field(default_factory=ModelSource)
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=_greedy_rollout)
     es: EggrollConfig = dataclasses.field(default_factory=EggrollConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)

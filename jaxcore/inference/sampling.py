@@ -15,9 +15,11 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
+# Hashed by value, so that a jitted sampler specialises on the settings (`generate` builds its own instance
+# per call; a training job's `rollout:` section extends this class).
+@dataclasses.dataclass(unsafe_hash=True)
 class SamplingConfig:
-    """Sampling settings; hashable so that a jitted sampler specialises on them."""
+    """Sampling settings (transformers' names; temperature 0 is greedy)."""
 
     temperature: float = 1.0
     top_k: int = 0

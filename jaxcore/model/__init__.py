@@ -1,1 +1,13 @@
-"""jaxcore.model."""
+"""The transformer, written once for every family (Llama/SmolLM2, Qwen2/2.5, Qwen3, GPT-2): its architecture
+config (`config`), the NNX module with its KV cache (`transformer`), parameters by dotted path (`state`) and
+LoRA as a transformation over the unchanged model (`lora`).
+
+May import: `jaxcore.errors` and `jaxcore.config` only; every other package builds on this one.
+"""
+
+
+def __getattr__(name: str) -> object:
+    """Names of the old flat module `jaxcore.model` (deprecated; see `jaxcore._moved`)."""
+    from jaxcore._moved import old_attribute
+
+    return old_attribute("model", name)

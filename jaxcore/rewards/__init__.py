@@ -1,4 +1,8 @@
-"""Rewards, tasks and robust (parallel) scoring for LLM post-training."""
+"""Rewards, tasks and robust (parallel) scoring for LLM post-training, and the `task:` / `rewards:` config
+sections (`config`).
+
+May import: `jaxcore.errors` only (reward worker processes import this package alone, so it stays light).
+"""
 
 from jaxcore.rewards.bleu import bleu_reward
 from jaxcore.rewards.chess_fen import chess_fen_reward

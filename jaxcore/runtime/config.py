@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxcore.inference.sampling import SamplingConfig
+
 
 @dataclasses.dataclass
 class ModelSource:
@@ -17,16 +19,13 @@ class ModelSource:
 
 
 @dataclasses.dataclass
-class RolloutConfig:
-    """The `rollout:` section: prompts per epoch, completions per prompt, sampling and prompt limits."""
+class RolloutConfig(SamplingConfig):
+    """The `rollout:` section: the sampling settings (temperature, top_k, top_p, min_p), prompts per epoch,
+    completions per prompt and prompt limits. ES rolls out greedily by default, GRPO at temperature 1."""
 
     prompts_per_epoch: int = 32
     generations_per_prompt: int = 1
     max_new_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
     chat_template: bool = False
     system_prompt: str | None = None
     max_prompt_length: int | None = None  # prompt tokens kept (None: the model's positions)
