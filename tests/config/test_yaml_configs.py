@@ -8,7 +8,7 @@ from jaxcore.config.yaml_config import load_config
 from jaxcore.es.config import ESConfig
 from jaxcore.rewards import get_task
 
-CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
+CONFIGS = sorted(Path(__file__).resolve().parents[2].glob("configs/*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

@@ -26,7 +26,7 @@ from jaxcore.es.algorithm import member_fitness
 from jaxcore.es.config import ESConfig
 from jaxcore.model.state import variable_at
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cross_entropy_B(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:

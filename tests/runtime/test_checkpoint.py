@@ -281,7 +281,7 @@ def test_racing_runs_get_exactly_one_lock(tmp_path, stale):
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()
         (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     start = time.time() + 2.0
     racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), str(start)], env=env,
