@@ -16,6 +16,24 @@ def local_rows(array: jax.Array) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.concatenate([np.asarray(s.data) for _, s in shards])
 
 
+def owned_rows(array: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+    """`local_rows` restricted to the rows this process owns: a row that several processes hold (replicated
+    over a mesh axis that spans processes, such as ES's "model" axis larger than one host) is owned by the
+    lowest process index holding it, so that summing per-row values over processes counts each row once."""
+    owner: dict[int, int] = {}
+    for device, index in array.sharding.devices_indices_map(array.shape).items():
+        start = index[0].start or 0
+        owner[start] = min(owner.get(start, device.process_index), device.process_index)
+    rows, values = local_rows(array)
+    starts = {s.index[0].start or 0: s.data.shape[0] for s in array.addressable_shards}
+    keep = np.zeros(len(rows), bool)
+    offset = 0
+    for start in sorted(starts):
+        keep[offset:offset + starts[start]] = owner[start] == jax.process_index()
+        offset += starts[start]
+    return rows[keep], values[keep]
+
+
 def allgather_sum(values: np.ndarray) -> np.ndarray:
     """Sum a host array over processes (each process fills the entries it owns, zeros elsewhere)."""
     if jax.process_count() == 1:

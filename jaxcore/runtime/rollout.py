@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxcore.hf.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.inference.generate import GenerationResult, generate
-from jaxcore.parallel.rows import allgather_sum, local_rows
+from jaxcore.parallel.rows import allgather_sum, owned_rows
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.config import RolloutConfig
 
@@ -48,10 +48,11 @@ class RowScores:
 
 def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokenizer: Any, scorer: Scorer, *,
                combined: Callable[[ScoreResult], np.ndarray] | None = None) -> RowScores:
-    """Each process decodes and scores the rows of `result` it holds; every row's values, summed over
-    processes. `combined` turns a batch's `ScoreResult` into the reward per row (default: its weighted sum)."""
-    rows, tokens = local_rows(result.tokens)
-    _, lengths = local_rows(result.lengths)
+    """Each process decodes and scores the rows of `result` it owns (a row held by several processes is scored
+    once, by the first); every row's values, summed over processes. `combined` turns a batch's `ScoreResult`
+    into the reward per row (default: its weighted sum)."""
+    rows, tokens = owned_rows(result.tokens)
+    _, lengths = owned_rows(result.lengths)
     scores = scorer.score(decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows])
     size = len(row_examples)
 

@@ -236,6 +236,48 @@ def test_two_processes_equal_one_process_with_eight_devices(tiny_dir, tmp_path):
         np.testing.assert_allclose(two[key], one[key], atol=1e-6, rtol=0, err_msg=key)
 
 
+def es_processes(model, out, args, processes: int, devices: int) -> list[subprocess.Popen]:
+    """`jaxcore es` as `processes` processes of `devices` CPU devices each (gloo collectives on loopback)."""
+    port = 20000 + (os.getpid() * 7 + processes) % 20000
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    procs = []
+    for rank in range(processes):
+        spread = [f"distributed.coordinator=localhost:{port}", f"distributed.num_processes={processes}",
+                  f"distributed.process_id={rank}"] if processes > 1 else []
+        cmd = [sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, out, *args), *spread]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=400)
+        assert proc.returncode == 0, err[-2000:]
+    return procs
+
+
+def test_model_axis_across_processes_scores_each_row_once(tiny_dir, tmp_path):
+    """mesh.model=4 over 2 processes x 2 devices: every process holds every row (pop=1), and each row's
+    reward must still count once. With es.shaping=none the update sees the raw rewards, so a doubled reward
+    changes the parameters, not only the logs."""
+    model = tiny_dir("llama")
+    rewards = tmp_path / "length_reward.py"          # non-zero on a random model's completions
+    rewards.write_text("def length(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n")
+    args = ["train.epochs=2", "train.eval_every=-1", "train.checkpoint_every=0", "es.shaping=none", "mesh.model=4",
+            "es.population=4", "optimizer.learning_rate=0.5", f"rewards.functions=[{rewards}:length]"]
+    es_processes(model, tmp_path / "one", args, processes=1, devices=4)
+    es_processes(model, tmp_path / "two", args, processes=2, devices=2)
+
+    def logged(out: Path, key: str) -> list[float]:
+        return [json.loads(line)[key] for line in (out / "metrics.jsonl").read_text().splitlines()
+                if key in json.loads(line)]
+
+    for key in ("reward", "reward_max", "num_tokens", "completions/mean_length"):
+        assert logged(tmp_path / "two", key) == pytest.approx(logged(tmp_path / "one", key), rel=1e-6), key
+    assert max(logged(tmp_path / "one", "reward")) > 0          # a zero reward would hide a doubled one
+    one, two = final_params(tmp_path / "one"), final_params(tmp_path / "two")
+    assert any(not np.array_equal(one[k], read_safetensors(model)[k]) for k in one)
+    for key in one:
+        np.testing.assert_allclose(two[key], one[key], atol=1e-6, rtol=0, err_msg=key)
+
+
 def test_resumed_summary_reads_the_held_out_reward_before_training_from_the_log(tmp_path):
     from jaxcore.runtime.runner import Runner
 
