@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import re
 from typing import Any
@@ -39,6 +40,7 @@ from jaxcore.runtime.optim import OptimizerConfig
 from jaxcore.runtime.optim import make_optimizer as make_optimizer_from
 
 Array = jax.Array
+log = logging.getLogger(__name__)
 SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
 _LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
@@ -67,11 +69,16 @@ def _is_embedding(path: str) -> bool:
 
 
 def select_targets(shapes: dict[str, tuple[int, ...]], cfg: EggrollConfig) -> tuple[NoiseTarget, ...]:
-    """The perturbed parameters of a model with these parameter shapes, in sorted path order."""
+    """The perturbed parameters of a model with these parameter shapes, in sorted path order. With
+    `include_lm_head` on a model whose head is tied to its embedding, the shared table is the head."""
     targets = []
+    tied_head = cfg.include_lm_head and "lm_head.kernel" not in shapes and "embed.table" in shapes
+    if tied_head:
+        log.warning("es.include_lm_head on a model with tied embeddings: perturbing embed.table, which is both "
+                    "the input embedding and the LM head")
     for path in sorted(shapes):
         shape = shapes[path]
-        if _is_embedding(path) and not cfg.include_embeddings:
+        if _is_embedding(path) and not (cfg.include_embeddings or (tied_head and path == "embed.table")):
             continue
         if path == "lm_head.kernel" and not cfg.include_lm_head:
             continue

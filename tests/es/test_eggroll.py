@@ -179,3 +179,15 @@ def test_config_validation():
         eggroll.EggrollConfig(population=5)
     with pytest.raises(ValueError, match="non_matrix"):
         eggroll.EggrollConfig(non_matrix="lowrank")
+
+
+def test_include_lm_head_perturbs_a_tied_head(tiny_dir, llama):
+    """A tied LM head is the embedding table: include_lm_head perturbs it (it was a silent no-op)."""
+    def targets(model, **options):
+        return {t.path for t in eggroll.make_plan(model, eggroll.EggrollConfig(population=4, **options)).targets}
+
+    tied = jaxcore.load_hf(tiny_dir("qwen3"))
+    assert tied.config.tie_word_embeddings
+    assert targets(tied, include_lm_head=True) == targets(tied) | {"embed.table"}
+    assert targets(llama, include_lm_head=True) == targets(llama) | {"lm_head.kernel"}      # untied: its own head
+    assert "embed.table" not in targets(llama, include_lm_head=True)
