@@ -16,6 +16,7 @@ Outputs under train.out_dir: metrics.jsonl, tensorboard/, checkpoints/, reward.p
 from __future__ import annotations
 
 import argparse
+import signal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,10 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
 
     cfg = load_config(trainer_type.config_type, args.config, args.overrides)
     summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
+    if summary["stopped_by"]:
+        print(f"stopped by {summary['stopped_by']} after epoch {summary['last_epoch']}: checkpoint "
+              f"{summary['checkpoint']}; continue with --resume")
+        return 128 + signal.Signals[summary["stopped_by"]].value      # 143 for SIGTERM, 130 for SIGINT
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")
     return 0

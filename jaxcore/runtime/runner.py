@@ -39,6 +39,8 @@ from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
 
 log = logging.getLogger(__name__)
 
+EVAL_SEED = 0          # the held-out examples are drawn with this seed, whatever train.seed is
+
 
 class StopSignal:
     """Turns SIGTERM/SIGINT into a flag the loop checks between epochs (handlers restored on exit)."""
@@ -152,7 +154,7 @@ class Runner:
         if hasattr(task, "num_examples") and task.num_examples("eval") < eval_prompts:
             eval_prompts = task.num_examples("eval")       # a dataset's whole eval split
             log.info("evaluating on all %d eval examples of %s", eval_prompts, task.name)
-        self.eval_examples = self.task.examples("eval", eval_prompts, cfg.train.seed)
+        self.eval_examples = self.task.examples("eval", eval_prompts, EVAL_SEED)   # the same for every train.seed
 
     def _scorer(self) -> Scorer:
         r = self.cfg.rewards
@@ -234,7 +236,8 @@ class Runner:
                 else:
                     bad_steps = 0
                 last = epoch == t.epochs - 1
-                if t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0)):
+                due = t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0))
+                if due and not stop.received:         # a stop signal's grace period is short: checkpoint first
                     metrics.update(self._evaluate(scorer))
                     log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
                              metrics["eval/samples"][0] if metrics["eval/samples"] else "")
@@ -246,6 +249,7 @@ class Runner:
                     self._save(epoch, wait=bool(stop.received))
                 if stop.received:
                     summary["stopped_by"] = signal.Signals(stop.received).name
+                    summary["checkpoint"] = str(self.checkpointer.directory / str(epoch))
                     log.warning("stopped by %s after epoch %d; resume with --resume", summary["stopped_by"], epoch)
                     break
             summary["last_epoch"] = epoch

@@ -16,6 +16,7 @@ from jaxcore.cli import main
 from jaxcore.config.yaml_config import load_config
 from jaxcore.es.config import ESConfig
 from jaxcore.hf.convert import read_safetensors
+from jaxcore.runtime.algorithm import Algorithm, StepResult
 
 TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
             "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16",
@@ -124,10 +125,13 @@ def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, 
     proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=-1", "train.checkpoint_every=1")
     wait_for_epochs(out, 2, proc)
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=120)
     if sig == signal.SIGTERM:
-        assert proc.returncode == 0, stderr
+        assert proc.returncode == 128 + signal.SIGTERM, stderr           # stopped, not done: a distinct code
         assert "stopped by SIGTERM" in stderr and "--resume" in stderr
+        said = stdout.strip().splitlines()[-1]
+        assert said.startswith("stopped by SIGTERM after epoch") and f"{out / 'checkpoints'}" in said, stdout
+        assert "done:" not in stdout
         assert not (out / "final_hf").exists()
     else:
         assert proc.returncode == -signal.SIGKILL
@@ -292,14 +296,31 @@ def test_resumed_summary_reads_the_held_out_reward_before_training_from_the_log(
     assert Runner._evals_before_and_after(log) == (None, 0.75)
 
 
-class StubAlgorithm:
-    """Steps that change nothing: enough to drive the Runner's schedule of evaluations."""
+class StubAlgorithm(Algorithm):
+    """Steps that change nothing: enough to drive the Runner's schedule of evaluations. With `stop_at`, the
+    step of that epoch sends this process SIGTERM (as a scheduler would)."""
 
+    name = "es"
     model = None
 
-    def train_step(self, epoch, examples, scorer):
-        from jaxcore.runtime.runner import StepResult
+    def __init__(self, stop_at: int | None = None):
+        self.stop_at = stop_at
 
+    @classmethod
+    def load_targets(cls, cfg):
+        return {}
+
+    @classmethod
+    def mesh_divisor(cls, cfg):
+        return "mesh.model", 1
+
+    @classmethod
+    def memory_plan(cls, cfg, model_cfg, **kw):
+        raise NotImplementedError
+
+    def train_step(self, epoch, examples, scorer):
+        if epoch == self.stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
         return StepResult({"reward": 0.5})
 
     def checkpoint_state(self):
@@ -328,3 +349,36 @@ def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypat
               if "eval/reward" in r]
     assert [step for step, _ in logged] == evaluated_at
     assert (summary["eval_reward_before"], summary["eval_reward_after"]) == (before, logged[-1][1] if logged else None)
+
+
+def test_sigterm_checkpoints_without_the_due_evaluation(tmp_path, monkeypatch):
+    """SIGTERM in an epoch whose end is due for evaluation: the checkpoint is written and the evaluation is
+    skipped (the grace period is short); the summary names the checkpoint."""
+    from jaxcore.runtime.metrics import read_metrics
+    from jaxcore.runtime.runner import Runner, make_task
+
+    cfg = ESConfig()
+    t = cfg.train
+    t.epochs, t.eval_every, t.checkpoint_every, t.out_dir = 4, 2, 0, str(tmp_path / "out")
+    t.progress = t.tensorboard = False
+    evaluated = []
+    monkeypatch.setattr(Runner, "_evaluate", lambda self, scorer: evaluated.append(1) or {"eval/reward": 1.0,
+                                                                                         "eval/samples": []})
+    summary = Runner(cfg, StubAlgorithm(stop_at=1), None, make_task(cfg.task)).run()
+    assert summary["stopped_by"] == "SIGTERM" and summary["last_epoch"] == 1
+    assert summary["checkpoint"] == str(tmp_path / "out" / "checkpoints" / "1")
+    assert (tmp_path / "out" / "checkpoints" / "1").is_dir()
+    assert len(evaluated) == 1                                  # before training only, not after epoch 1
+    assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl") if "eval/reward" in r] == [0]
+
+
+def test_held_out_examples_do_not_depend_on_the_train_seed(tmp_path):
+    from jaxcore.runtime.runner import EVAL_SEED, Runner, make_task
+
+    def held_out(seed):
+        cfg = ESConfig()
+        cfg.train.seed, cfg.train.out_dir = seed, str(tmp_path / f"out{seed}")
+        return [e.prompt for e in Runner(cfg, StubAlgorithm(), None, make_task(cfg.task)).eval_examples]
+
+    assert held_out(0) == held_out(7) == held_out(123)
+    assert EVAL_SEED == 0
