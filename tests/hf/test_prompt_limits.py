@@ -63,7 +63,7 @@ ES_FAST = ["train.epochs=1", "train.checkpoint_every=0", "train.eval_every=-1", 
 
 
 def es_run(capsys, tiny_dir, out, *extra):
-    from test_runtime import es_args, run_cli
+    from cli_runs import es_args, run_cli
 
     return run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, *ES_FAST, *extra))
 
@@ -95,7 +95,7 @@ def test_es_refuses_max_new_tokens_beyond_the_positions(tiny_dir, tmp_path, caps
 
 
 def test_rft_datagen_jax_engine_truncates_long_prompts(tiny_dir, tmp_path, capsys, caplog):
-    from test_rft_datagen import run_datagen
+    from cli_runs import run_datagen
 
     from torchref.rft.data import make_split, write_json
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runtime import es_args, run_cli
+from cli_runs import es_args, run_cli
 
 FAST = ["train.checkpoint_every=1", "train.eval_every=-1", "train.export_hf=false"]
 

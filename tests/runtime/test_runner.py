@@ -11,31 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runs import TINY_RUN, es_args, final_params, run_cli  # noqa: F401  (shared with other tests)
 
 from jaxcore.cli import main
 from jaxcore.config.yaml_config import load_config
 from jaxcore.es.config import ESConfig
 from jaxcore.hf.convert import read_safetensors
 from jaxcore.runtime.algorithm import Algorithm, StepResult
-
-TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.temperature=1.0",
-            "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=3", "es.population=16",
-            "optimizer.learning_rate=0.05", "train.eval_prompts=8", "train.progress=false", "train.tensorboard=false"]
-
-
-def es_args(model, out, *extra):
-    return [f"model.path={model}", f"train.out_dir={out}", *TINY_RUN, *extra]
-
-
-def final_params(out: Path) -> dict:
-    return read_safetensors(out / "final_hf")
-
-
-def run_cli(capsys, *args):
-    capsys.readouterr()
-    code = main(list(map(str, args)))
-    return code, capsys.readouterr().err.strip().splitlines()
-
 
 # --------------------------------------------------------------------------- bad input
 

@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+from cli_runs import run_datagen
 
 import torchref.rft.datagen as datagen
 from torchref.cli import main
@@ -104,15 +105,6 @@ def test_knobs_flag_over_env_over_default():
                       "temperature": 0.5, "max_new_tokens": 256}
     with pytest.raises(RFTError, match="RFT_CHUNK_SIZE='ten'"):
         resolve_knobs(Args, datagen.KNOBS, {"RFT_CHUNK_SIZE": "ten"})
-
-
-def run_datagen(capsys, model, questions_file, out, *extra):
-    capsys.readouterr()
-    code = main(["rft-datagen", "--model", str(model), "--questions", str(questions_file), "--out", str(out),
-                 "--oversample", "3", "--max-new-tokens", "8", "--batch-size", "2", "--micro-batch-size", "4",
-                 "--chunk-size", "2", "--no-progress", *map(str, extra)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err.strip().splitlines()
 
 
 @pytest.mark.parametrize("engine", ["hf", "jax"])
