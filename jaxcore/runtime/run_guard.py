@@ -27,10 +27,15 @@ from jaxcore.errors import OutDirLockedError, ResumeError  # noqa: F401  (re-exp
 
 log = logging.getLogger(__name__)
 
-HARMLESS_PREFIXES = ("train.epochs", "train.out_dir", "train.eval_every", "train.eval_prompts", "train.eval_batch_size",
+HARMLESS_PREFIXES = ("train.out_dir", "train.eval_every", "train.eval_prompts", "train.eval_batch_size",
                      "train.checkpoint_every", "train.max_to_keep", "train.max_bad_steps", "train.export_hf",
-                     "train.tensorboard", "train.progress", "rewards.", "model.path", "model.remat", "distributed.",
+                     "train.tensorboard", "train.progress", "rewards.num_workers", "rewards.timeout_s", "model.remat",
+                     "distributed.",
                      "mesh.")          # a mesh shape (or device count) change reshards the checkpoint; math unchanged
+# Not harmless: rewards.functions/weights/fallback (the fitness itself), model.path (the reference model and,
+# with LoRA, the frozen base are read from it again), and train.epochs under a decaying learning-rate schedule.
+DECAYING_SCHEDULES = ("linear", "cosine")
+WEIGHTS_RTOL = 1e-5
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -51,12 +56,30 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list
     """(incompatible, harmless) descriptions of `key: saved -> current` for every changed config key."""
     old, new = flatten(saved), flatten(current)
     incompatible, harmless = [], []
+    schedule = new.get("optimizer.schedule", "constant")
     for key in sorted(set(old) | set(new)):
         if old.get(key, "<unset>") != new.get(key, "<unset>"):
             change = f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+            if key == "train.epochs" and schedule in DECAYING_SCHEDULES:
+                incompatible.append(f"{change} (the {schedule} learning-rate schedule decays to 0 at the last "
+                                    "epoch: a new horizon changes the rate of every later step)")
+                continue
             new_key = key not in old           # a key added to the schema since the checkpoint was written
-            (harmless if is_harmless(key) or new_key else incompatible).append(change)
+            (harmless if key == "train.epochs" or is_harmless(key) or new_key else incompatible).append(change)
     return incompatible, harmless
+
+
+def weights_changes(saved: dict[str, list[float]] | None, current: dict[str, list[float]] | None) -> list[str]:
+    """The parameters whose fingerprints (`jaxcore.model.state.weight_moments`) differ between the weights a run
+    started from and those loaded now (empty when either is unknown)."""
+    if not saved or not current:
+        return []
+    out = []
+    for path in sorted(set(saved) | set(current)):
+        a, b = saved.get(path), current.get(path)
+        if a is None or b is None or any(abs(x - y) > WEIGHTS_RTOL * max(abs(x), abs(y), 1e-30) for x, y in zip(a, b)):
+            out.append(path)
+    return out
 
 
 def structure_changes(meta: dict[str, Any], algorithm: str, shapes: dict[str, list[int]]) -> list[str]:
@@ -83,11 +106,13 @@ def structure_changes(meta: dict[str, Any], algorithm: str, shapes: dict[str, li
 
 
 def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algorithm: str,
-                            shapes: dict[str, list[int]], allow_changes: bool) -> None:
+                            shapes: dict[str, list[int]], allow_changes: bool,
+                            base_weights: dict[str, list[float]] | None = None) -> None:
     """Raise `ResumeError` naming the first incompatible difference; log the rest.
 
     A different algorithm or state shape is always refused (it cannot be restored); other incompatible
-    config changes are refused unless `allow_changes`.
+    config changes, and starting weights (`base_weights`, the fingerprint of the model loaded now) that are
+    not those the run started from, are refused unless `allow_changes`.
     """
     structural = structure_changes(meta, algorithm, shapes)
     if structural:
@@ -95,6 +120,10 @@ def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algori
                           "this run (even with --resume-allow-changes): use the same model and algorithm, or "
                           "another train.out_dir")
     problems, harmless = config_changes(meta.get("config", {}), config)
+    changed = weights_changes(meta.get("base_weights"), base_weights)
+    if changed:
+        problems.append(f"model: the weights at model.path are not those the run started from ({changed[0]} "
+                        f"differs{f' and {len(changed) - 1} more' if len(changed) > 1 else ''})")
     for change in harmless:
         log.info("resume: config changed (harmless) %s", change)
     if problems and not allow_changes:

@@ -30,6 +30,7 @@ from jaxcore.config.yaml_config import to_dict
 from jaxcore.errors import TaskConfigError, TrainingError  # noqa: F401  (re-exported)
 from jaxcore.hf.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
 from jaxcore.inference.generate import generate
+from jaxcore.model.state import weight_moments
 from jaxcore.parallel import sharding
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
 from jaxcore.runtime.algorithm import Algorithm
@@ -140,11 +141,13 @@ class Runner:
     """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
 
     def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Any, *,
-                 eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None):
+                 eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None,
+                 base_weights: dict[str, list[float]] | None = None):
         self.cfg = cfg
         self.algorithm = algorithm
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self.base_weights = base_weights      # fingerprint of the weights loaded at start (stored, checked on resume)
         self.task = task
         self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
         self.out_dir = Path(cfg.train.out_dir)
@@ -164,7 +167,7 @@ class Runner:
     def _save(self, epoch: int, *, wait: bool = False) -> None:
         state = self.algorithm.checkpoint_state()
         meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg),
-                "algorithm": self.algorithm.name, "shapes": state_shapes(state)}
+                "algorithm": self.algorithm.name, "shapes": state_shapes(state), "base_weights": self.base_weights}
         self.checkpointer.save(epoch, state, meta, wait=wait)
 
     def _resume(self, allow_changes: bool = False) -> int:
@@ -172,7 +175,8 @@ class Runner:
         target = self.algorithm.checkpoint_state()
         config, shapes = to_dict(self.cfg), state_shapes(target)
         state, meta = self.checkpointer.restore_newest(
-            target, lambda meta: check_resume_compatible(meta, config, self.algorithm.name, shapes, allow_changes))
+            target, lambda meta: check_resume_compatible(meta, config, self.algorithm.name, shapes, allow_changes,
+                                                         self.base_weights))
         self.algorithm.restore_state(state)
         log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
         return int(meta["epoch"]) + 1
@@ -352,13 +356,14 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
         raise UserError(f"{cfg.model.path}: no tokenizer files")
     tokenizer = load_tokenizer(tok_dir)
     eos = eos_token_ids(tokenizer, model.config.hf_config)
+    base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
     try:
         algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos)
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos).run(resume=resume,
-                                                                             allow_changes=allow_changes)
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
+        resume=resume, allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
         final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
         if jax.process_index() == 0:

@@ -153,12 +153,51 @@ def test_an_es_out_dir_resumed_by_grpo_is_refused_naming_the_algorithm(tiny_dir,
 
 
 @pytest.mark.parametrize("override,field", [("es.population=8", "es.population"), ("es.sigma=0.5", "es.sigma"),
-                                            ("train.seed=7", "train.seed")])
+                                            ("train.seed=7", "train.seed"),
+                                            ("rewards.fallback=0.5", "rewards.fallback"),
+                                            ("rewards.functions=[exact_match]", "rewards.functions"),
+                                            ("optimizer.schedule=linear", "optimizer.schedule")])
 def test_incompatible_config_is_refused_naming_the_field(tiny_dir, out, capsys, override, field):
     before = sorted(str(p) for p in ckpt(out).rglob("*"))
     code, err = resume(capsys, tiny_dir, out, override)
     assert code == 2 and len(err) == 1 and field in err[0] and "--resume-allow-changes" in err[0]
     assert sorted(str(p) for p in ckpt(out).rglob("*")) == before       # nothing moved or written
+
+
+def test_a_longer_run_under_a_decaying_schedule_is_refused(tiny_dir, tmp_path, capsys):
+    """train.epochs is the horizon of a linear/cosine schedule: extending the run would raise the learning
+    rate of every later step, so it is refused (with what the schedule does) unless allowed."""
+    out = tmp_path / "out"
+    linear = ["optimizer.schedule=linear", *FAST]
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, "train.epochs=2", *linear))
+    assert code == 0, err
+    code, err = run_cli(capsys, "es", "--resume", *es_args(tiny_dir("llama"), out, "train.epochs=3", *linear))
+    assert code == 2 and len(err) == 1, err
+    assert "train.epochs: 2 -> 3" in err[0] and "linear learning-rate schedule" in err[0], err
+    code, err = run_cli(capsys, "es", "--resume", "--resume-allow-changes",
+                        *es_args(tiny_dir("llama"), out, "train.epochs=3", *linear))
+    assert code == 0, err
+
+
+def test_another_model_path_or_other_weights_at_it_are_refused(tiny_dir, out, tmp_path, capsys):
+    """model.path is read again on resume (the reference model, a LoRA run's frozen base): another path is
+    refused, and so are other weights of the same shapes at the same path (the run's fingerprint)."""
+    moved = Path(shutil.copytree(tiny_dir("llama"), tmp_path / "moved"))
+    code, err = resume(capsys, tiny_dir, out, model=moved)
+    assert code == 2 and len(err) == 1 and "model.path" in err[0], err
+    other = tiny_dir("llama", seed=1)                         # same shapes, other weights
+    shutil.copy(other / "model.safetensors", moved / "model.safetensors")
+    code, err = run_cli(capsys, "es", "--resume", "--resume-allow-changes",
+                        *es_args(moved, out, "train.epochs=3", *FAST))
+    assert code == 0, err                                     # allowed: logged, not refused
+    same_path = Path(shutil.copytree(tiny_dir("llama"), tmp_path / "same"))
+    fresh = tmp_path / "fresh"
+    code, err = run_cli(capsys, "es", *es_args(same_path, fresh, "train.epochs=1", *FAST))
+    assert code == 0, err
+    shutil.copy(other / "model.safetensors", same_path / "model.safetensors")   # same path, another base
+    code, err = run_cli(capsys, "es", "--resume", *es_args(same_path, fresh, "train.epochs=2", *FAST))
+    assert code == 2 and len(err) == 1, err
+    assert "the weights at model.path are not those the run started from" in err[0], err
 
 
 def test_allow_changes_and_harmless_changes_resume(tiny_dir, out, capsys, caplog):
