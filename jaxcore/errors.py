@@ -31,6 +31,11 @@ class NoRestorableCheckpointError(FileNotFoundError):
     """No checkpoint under the directory restores."""
 
 
+class CheckpointReadError(RuntimeError):
+    """A checkpoint could not be read for a reason that does not prove it corrupt (memory, I/O, permissions):
+    nothing is moved, and resuming again after fixing the cause reads it."""
+
+
 class ResumeError(ValueError):
     """The checkpoints cannot be resumed (none restores, or the config changed incompatibly)."""
 
@@ -60,6 +65,7 @@ class TrainingError(RuntimeError):
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    UserError, ConfigValueError, ConfigError, CheckpointError, CheckpointWriteError, NoRestorableCheckpointError,
+    UserError, ConfigValueError, ConfigError, CheckpointError, CheckpointWriteError, CheckpointReadError,
+    NoRestorableCheckpointError,
     ResumeError, OutDirLockedError, PromptLengthError, TaskError, RewardFunctionError, TaskConfigError, TrainingError,
     FileNotFoundError)

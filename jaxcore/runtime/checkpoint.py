@@ -13,17 +13,24 @@ are demoted to DEBUG: the error itself is what gets reported.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
-from jaxcore.errors import CheckpointWriteError, NoRestorableCheckpointError  # noqa: F401  (re-exported)
+from jaxcore.errors import (  # noqa: F401  (CheckpointWriteError, NoRestorableCheckpointError: re-exported)
+    CheckpointReadError,
+    CheckpointWriteError,
+    NoRestorableCheckpointError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +181,15 @@ class TrainCheckpointer:
 
     def restore_newest(self, target: Any, check_meta: Callable[[dict[str, Any]], None] = lambda meta: None
                        ) -> tuple[Any, dict[str, Any]]:
-        """Restore the newest step that restores; each one that fails is moved aside (never deleted).
+        """Restore the newest step that restores; each one that is corrupt is moved aside (never deleted).
 
-        When an older step restores, each step set aside is logged in one line. When none restores, one
-        `NoRestorableCheckpointError` line names every step and its reason. `check_meta(meta)` may raise
-        to refuse a readable checkpoint (e.g. config drift): that error propagates and nothing is moved.
+        Only a failure that proves corruption (unreadable metadata, missing or truncated array files, another
+        tree or shape: `proves_corruption`) sets a step aside; any other (out of memory, an I/O or permission
+        error) stops with a one-line `CheckpointReadError` and moves nothing. In a multi-process run only
+        process 0 moves files. When an older step restores, each step set aside is logged in one line. When
+        none restores, one `NoRestorableCheckpointError` line names every step and its reason.
+        `check_meta(meta)` may raise to refuse a readable checkpoint (e.g. config drift): that error
+        propagates and nothing is moved.
         """
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
@@ -187,16 +198,14 @@ class TrainCheckpointer:
         for step in steps:
             try:
                 meta = self.read_meta(step)
-            except Exception as err:  # noqa: BLE001 -- any failure to read means this step is unusable
-                reason = f"unreadable metadata: {type(err).__name__}: {first_line(err)}"
-                set_aside.append(self._set_aside(step, reason))
+            except Exception as err:  # noqa: BLE001 -- classified: corrupt steps are set aside, others stop
+                set_aside.append(self._set_aside_if_corrupt(step, "unreadable metadata", err))
                 continue
             check_meta(meta)
             try:
                 state = self.restore(target, step)[0]
             except Exception as err:  # noqa: BLE001
-                reason = f"arrays do not restore: {type(err).__name__}: {first_line(err)}"
-                set_aside.append(self._set_aside(step, reason))
+                set_aside.append(self._set_aside_if_corrupt(step, "arrays do not restore", err))
                 continue
             for bad, reason, dest in set_aside:
                 log.warning("checkpoint step %d does not restore (%s); moved to %s; resuming from step %d",
@@ -211,10 +220,22 @@ class TrainCheckpointer:
         """Where unrestorable steps are moved (outside the manager's directory, so it never sees them)."""
         return self.directory.parent / f"{self.directory.name}-corrupt"
 
+    def _set_aside_if_corrupt(self, step: int, what: str, err: Exception) -> tuple[int, str, Path]:
+        """`_set_aside` when `err` proves the step corrupt; else raise `CheckpointReadError` (nothing moved)."""
+        if not proves_corruption(err):
+            raise CheckpointReadError(f"checkpoint step {step} in {self.directory} could not be read "
+                                      f"({type(err).__name__}: {first_line(err)[:200]}); nothing was moved: fix the "
+                                      "cause and resume again") from err
+        return self._set_aside(step, f"{what}: {type(err).__name__}: {first_line(err)}")
+
     def _set_aside(self, step: int, reason: str) -> tuple[int, str, Path]:
-        """Move `step` to `corrupt_dir` (renamed, never deleted); returns (step, reason, where it went)."""
-        self.corrupt_dir.mkdir(parents=True, exist_ok=True)
+        """Move `step` to `corrupt_dir` (renamed, never deleted; by process 0 alone in a multi-process run);
+        returns (step, reason, where it went)."""
         dest = self.corrupt_dir / f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        if jax.process_index() != 0:
+            log.debug("checkpoint step %d does not restore (%s); process 0 moves it", step, reason)
+            return step, reason, dest
+        self.corrupt_dir.mkdir(parents=True, exist_ok=True)
         suffix = 1
         while dest.exists():
             dest = self.corrupt_dir / f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{suffix}"
@@ -270,3 +291,23 @@ def check_same_tree(target: Any, restored: Any) -> None:
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else ""
+
+
+# tensorstore/absl status codes that say the storage could not be reached now, not that the data is bad
+_TRANSIENT_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED",
+                    "PERMISSION_DENIED", "UNAUTHENTICATED", "INTERNAL", "UNKNOWN")
+
+
+def proves_corruption(err: BaseException) -> bool:
+    """Whether a failure to read a checkpoint proves it corrupt: unreadable or missing metadata, missing or
+    truncated array files, another tree or shape. Memory, I/O and permission errors (and anything unknown)
+    do not: the same checkpoint may read fine once the cause is fixed."""
+    if isinstance(err, (json.JSONDecodeError, UnicodeDecodeError, KeyError, FileNotFoundError, NotADirectoryError,
+                        IsADirectoryError)):
+        return True
+    if isinstance(err, (OSError, MemoryError, RuntimeError)):        # EIO, ENOSPC, EACCES; XLA's out of memory
+        return False
+    if isinstance(err, ValueError):           # tensorstore's status errors, orbax's and our tree/shape checks
+        code = re.match(r"([A-Z_]+): ", str(err))
+        return not (code and code.group(1) in _TRANSIENT_CODES)
+    return False

@@ -96,6 +96,50 @@ def test_bad_latest_checkpoint_falls_back_to_the_previous_one(tiny_dir, out, cap
     assert started_from(out)[-1] == 3                       # epoch 2 (step 3) was run after resuming at 1
 
 
+@pytest.mark.parametrize("failure", [
+    MemoryError("out of host memory"),
+    OSError(errno.EIO, "Input/output error"),
+    PermissionError(errno.EACCES, "Permission denied"),
+    RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB"),
+    ValueError("UNAVAILABLE: Error reading local file: connection reset"),
+], ids=["memory", "eio", "permission", "device-oom", "unavailable"])
+def test_a_restore_failure_that_proves_nothing_moves_nothing(tiny_dir, out, capsys, monkeypatch, failure):
+    """Out of memory, an I/O or permission error while reading the newest checkpoint: one line, exit 2, and
+    the (good) checkpoint stays where it is; the next resume uses it."""
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
+
+    before = digest(ckpt(out))
+    real = TrainCheckpointer.restore
+
+    def failing(self, target, step=None):
+        raise failure
+
+    monkeypatch.setattr(TrainCheckpointer, "restore", failing)
+    code, err = resume(capsys, tiny_dir, out)
+    assert code == 2 and len(err) == 1, err
+    assert "checkpoint step 1" in err[0] and "nothing was moved" in err[0], err
+    assert digest(ckpt(out)) == before and not (out / "checkpoints-corrupt").exists()
+    monkeypatch.setattr(TrainCheckpointer, "restore", real)
+    code, err = resume(capsys, tiny_dir, out)
+    assert code == 0, err
+    assert started_from(out)[-1] == 3 and not (out / "checkpoints-corrupt").exists()
+
+
+def test_proves_corruption_sorts_failures():
+    import json as json_module
+
+    from jaxcore.runtime.checkpoint import proves_corruption
+
+    corrupt = [json_module.JSONDecodeError("Unterminated string", "{", 1), KeyError("state"),
+               FileNotFoundError("missing"), ValueError("OUT_OF_RANGE: Error reading \"params/.zarray\""),
+               ValueError("DATA_LOSS: checksum mismatch"), ValueError("checkpoint tree differs: missing ['x']"),
+               ValueError("Requested shape: (64, 32) is not compatible with the stored shape: (32, 16).")]
+    transient = [MemoryError(), OSError(errno.ENOSPC, "No space left"), RuntimeError("RESOURCE_EXHAUSTED: oom"),
+                 ValueError("DEADLINE_EXCEEDED: timed out"), ValueError("PERMISSION_DENIED: read"), TypeError("x")]
+    assert all(proves_corruption(e) for e in corrupt)
+    assert not any(proves_corruption(e) for e in transient)
+
+
 def test_no_restorable_checkpoint_is_one_line_and_exit_2(tiny_dir, out, capsys):
     corrupt_meta(ckpt(out) / "1")
     truncate_arrays(ckpt(out) / "0")
