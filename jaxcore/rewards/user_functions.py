@@ -196,9 +196,16 @@ class RewardModel:
                 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-                model = AutoModelForSequenceClassification.from_pretrained(self.path, local_files_only=True).eval()
+                model, info = AutoModelForSequenceClassification.from_pretrained(
+                    self.path, local_files_only=True, output_loading_info=True)
             except Exception as err:
                 raise RewardFunctionError(f"reward model {self.path}: cannot load it ({one_line(err)})") from err
+            if info["missing_keys"]:          # e.g. a causal LM: its score head would be random, its rewards noise
+                architectures = ", ".join(model.config.architectures or ["no architectures in config.json"])
+                raise RewardFunctionError(f"reward model {self.path}: not a trained sequence classifier "
+                                          f"({architectures}; {sorted(info['missing_keys'])[0]} would be randomly "
+                                          "initialised)")
+            model.eval()
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
             if model.config.pad_token_id is None:

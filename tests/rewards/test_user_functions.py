@@ -386,3 +386,12 @@ def test_python_api_with_a_datasets_dataset_a_path_a_loaded_model_and_specs(user
     trained = [r for r in metrics(t.out_dir) if "rewards/brevity/mean" in r]
     assert len(trained) == 1 and "rewards/exact_match/mean" in trained[0]
     assert trained[0]["rewards/brevity/failures"] == 0 and trained[0]["rewards/exact_match/failures"] == 0
+
+
+def test_a_causal_lm_as_reward_model_is_refused(tiny_dir):
+    """A `model:DIR` that is a causal LM would load with a randomly initialised score head and train on
+    noise: refused in one line naming its architecture."""
+    from jaxcore.errors import RewardFunctionError
+
+    with pytest.raises(RewardFunctionError, match=r"not a trained sequence classifier \(LlamaForCausalLM; score"):
+        resolve_rewards([f"model:{tiny_dir('llama')}"])
