@@ -11,15 +11,26 @@ from flax import nnx
 
 import jaxcore
 import torchref.grpo as tgrpo
-from jaxcore.bench.grpo import synthetic_batch
+from jaxcore.bench.grpo import synthetic_batch, trl_args
 from jaxcore.grpo import advantages as grpo
-from jaxcore.grpo.step import GRPOTrainConfig, loss_and_grads, policy_logps
+from jaxcore.grpo.config import GRPOConfig, GRPOOptions
+from jaxcore.grpo.loss import grpo_loss
+from jaxcore.grpo.step import loss_and_grads, policy_logps
 from jaxcore.hf.mapping import params_to_hf
 from torchref.model import load_reference
 
 LOSS_REL_TOL = 1e-5
 GRAD_REL_TOL = 1e-5
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def job(max_completion_length: int, temperature: float = 1.0, **grpo_settings) -> GRPOConfig:
+    """A GRPO job config: the `grpo` section's settings, and TRL's max_completion_length and temperature
+    (the rollout's max_new_tokens and temperature)."""
+    cfg = GRPOConfig(grpo=GRPOOptions(**grpo_settings))
+    cfg.rollout.max_new_tokens, cfg.rollout.temperature = max_completion_length, temperature
+    cfg.validate()
+    return cfg
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -66,7 +77,7 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
 
 def torch_loss_and_grads(hf_model, batch, cfg) -> tuple[float, dict[str, float], dict[str, np.ndarray]]:
     hf_model.zero_grad(set_to_none=True)
-    loss, metrics = tgrpo.batch_objective(hf_model, batch, cfg)
+    loss, metrics = tgrpo.batch_objective(hf_model, batch, trl_args(cfg))
     loss.backward()
     return loss.item(), metrics, {name: p.grad.numpy().copy() for name, p in hf_model.named_parameters()}
 
@@ -79,7 +90,7 @@ def compare(family: str, cfg, model, loss: float, metrics: dict, grads: dict, re
     assert set(ours) == set(grads_t)
     grad_errs = {name: rel_err(ours[name], grads_t[name]) for name in grads_t}
     worst = max(grad_errs, key=grad_errs.get)
-    print(f"{family} {cfg.loss_type} beta={cfg.beta}: loss {loss_t:+.6f} rel err {loss_err:.1e}; "
+    print(f"{family} {cfg.grpo.loss_type} beta={cfg.grpo.beta}: loss {loss_t:+.6f} rel err {loss_err:.1e}; "
           f"max grad rel err {grad_errs[worst]:.1e} ({worst})")
     assert loss_err <= LOSS_REL_TOL
     assert grad_errs[worst] <= GRAD_REL_TOL
@@ -91,7 +102,7 @@ def compare(family: str, cfg, model, loss: float, metrics: dict, grads: dict, re
         assert float(metrics[key]) == pytest.approx(value, rel=1e-5, abs=1e-7), key
     if clipped and "clip_ratio/region_mean" in metrics_t:
         assert metrics_t["clip_ratio/region_mean"] > 0  # the clipped branch is exercised
-    if cfg.beta:
+    if cfg.grpo.beta:
         assert metrics_t["kl"] > 0.01                    # the reference really differs
 
 
@@ -100,12 +111,13 @@ def compare(family: str, cfg, model, loss: float, metrics: dict, grads: dict, re
 def test_loss_and_grads_match_torch(setup, policy_vjp, loss_type, beta):
     """grpo_loss on jaxcore log-probs, pulled back through the model, vs TRL's formulas on the HF model."""
     family, model, hf_model, batch = setup
-    cfg = GRPOTrainConfig(loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, max_completion_length=9)
+    cfg = job(loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, max_completion_length=9)
     logp, pullback = policy_vjp
     args = [None if x is None else jnp.asarray(x) for x in
             (batch.old_logp_BL, batch.ref_logp_BL, batch.advantages_B, batch.completion_mask_BL)]
     (loss, metrics), dloss_dlogp = jax.value_and_grad(
-        lambda lp: grpo.grpo_loss(lp, *args, cfg), has_aux=True)(logp)
+        lambda lp: grpo_loss(lp, *args, cfg.grpo, max_completion_length=cfg.rollout.max_new_tokens),
+        has_aux=True)(logp)
     (grads,) = pullback(dloss_dlogp)
     compare(family, cfg, model, float(loss), metrics, grads, torch_loss_and_grads(hf_model, batch, cfg))
 
@@ -113,8 +125,8 @@ def test_loss_and_grads_match_torch(setup, policy_vjp, loss_type, beta):
 def test_train_objective_matches_torch(setup):
     """The train step's own objective (`loss_and_grads`: masking, temperature, truncation) end to end."""
     family, model, hf_model, batch = setup
-    cfg = GRPOTrainConfig(loss_type="dapo", beta=0.04, max_completion_length=9, temperature=0.7,
-                          mask_truncated_completions=True)
+    cfg = job(loss_type="dapo", beta=0.04, max_completion_length=9, temperature=0.7,
+              mask_truncated_completions=True)
     assert batch.truncated_B.any() and not batch.truncated_B.all()
     loss, metrics, grads = loss_and_grads(model, batch, cfg)
     ref = torch_loss_and_grads(hf_model, batch, cfg)
@@ -144,7 +156,7 @@ OPTIONS = {
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_trl_options_match_torch(setup, option):
     family, model, hf_model, batch = setup
-    cfg = GRPOTrainConfig(max_completion_length=9, **{"epsilon_high": 0.28, **OPTIONS[option]})
+    cfg = job(max_completion_length=9, **{"epsilon_high": 0.28, **OPTIONS[option]})
     loss, metrics, grads = loss_and_grads(model, batch, cfg)
     ref = torch_loss_and_grads(hf_model, batch, cfg)
     print(option, end=": ")
@@ -166,15 +178,16 @@ NO_OLD_LOGP = {
 def test_bias_corrected_kl_without_old_logp_matches_torch(setup, option):
     family, model, hf_model, batch = setup
     batch = batch.replace(old_logp_BL=None)
-    cfg = GRPOTrainConfig(max_completion_length=9, epsilon_high=0.28, **NO_OLD_LOGP[option])
-    assert cfg.use_bias_correction_kl                           # TRL's default
+    cfg = job(max_completion_length=9, epsilon_high=0.28, **NO_OLD_LOGP[option])
+    assert cfg.grpo.use_bias_correction_kl                      # TRL's default
     loss, metrics, grads = loss_and_grads(model, batch, cfg)
     ref = torch_loss_and_grads(hf_model, batch, cfg)
     print(option, end=": ")
     compare(family, cfg, model, float(loss), metrics, grads, ref, clipped=False)
     # The correction's kl * d logp term is far above the tolerance, so dropping it (or detaching the
     # ratio) would fail the comparison above.
-    _, _, plain = loss_and_grads(model, batch, dataclasses.replace(cfg, use_bias_correction_kl=False))
+    plain_cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, use_bias_correction_kl=False))
+    _, _, plain = loss_and_grads(model, batch, plain_cfg)
     ours, plain = flatten(grads), flatten(plain)
     shift = max(rel_err(plain[k], ours[k]) for k in ours)
     print(f"  bias-correction gradient share {shift:.1e}")
@@ -184,13 +197,13 @@ def test_bias_corrected_kl_without_old_logp_matches_torch(setup, option):
 def test_dapo_global_normaliser_matches_torch(setup):
     """A micro-batch normalised by a larger (global) token count, as under accumulation/sharding."""
     _, model, hf_model, batch = setup
-    cfg = GRPOTrainConfig(loss_type="dapo", max_completion_length=9)
+    cfg = job(loss_type="dapo", max_completion_length=9)
     logp = nnx.jit(policy_logps)(model, jnp.asarray(batch.input_ids_BT), jnp.asarray(batch.attention_mask_BT))[0]
     args = (batch.old_logp_BL, batch.advantages_B, batch.completion_mask_BL)
     old, adv, mask = map(jnp.asarray, args)
-    ours, _ = grpo.grpo_loss(logp, old, None, adv, mask, cfg, 1000.0)
+    ours, _ = grpo_loss(logp, old, None, adv, mask, cfg.grpo, 1000.0, max_completion_length=cfg.rollout.max_new_tokens)
     old_t, adv_t, mask_t = (torch.tensor(np.array(x, np.float32)) for x in args)
-    ref, _ = tgrpo.grpo_loss(torch.tensor(np.array(logp)), old_t, None, adv_t, mask_t, cfg, 1000.0)
+    ref, _ = tgrpo.grpo_loss(torch.tensor(np.array(logp)), old_t, None, adv_t, mask_t, trl_args(cfg), 1000.0)
     assert float(ours) == pytest.approx(ref.item(), rel=1e-6)
     assert abs(ref.item()) > 0
 
@@ -227,7 +240,7 @@ def test_config_is_duck_typed():
         max_completion_length: int = 4
 
     logp = jnp.log(jnp.asarray([[0.5, 0.25]]))
-    loss, _ = grpo.grpo_loss(logp, None, None, jnp.asarray([1.0]), jnp.ones((1, 2)), Plain())
+    loss, _ = grpo_loss(logp, None, None, jnp.asarray([1.0]), jnp.ones((1, 2)), Plain())
     ref, _ = tgrpo.grpo_loss(torch.log(torch.tensor([[0.5, 0.25]])), None, None, torch.tensor([1.0]),
                              torch.ones(1, 2), Plain())
     assert float(loss) == pytest.approx(ref.item()) == pytest.approx(-1.0)
@@ -246,17 +259,18 @@ def test_accumulation_scaling_matches_torch(option):
     ref = old + 0.3 * rng.normal(size=(b, t)).astype(np.float32)
     entropy = 2 * rng.random((b, t)).astype(np.float32)
     adv = rng.normal(size=b).astype(np.float32)
-    cfg = GRPOTrainConfig(max_completion_length=t, **{"epsilon_high": 0.28, "beta": 0.04, **OPTIONS[option]})
+    cfg = job(max_completion_length=t, **{"epsilon_high": 0.28, "beta": 0.04, **OPTIONS[option]})
     items = float(mask.sum() * 1.7)
 
     def ours(lp, ent):
-        return grpo.grpo_loss(lp, jnp.asarray(old), jnp.asarray(ref), jnp.asarray(adv), jnp.asarray(mask), cfg,
-                              items, entropy_BT=ent, accumulation_steps=2)[0]
+        return grpo_loss(lp, jnp.asarray(old), jnp.asarray(ref), jnp.asarray(adv), jnp.asarray(mask), cfg.grpo,
+                         items, entropy_BT=ent, accumulation_steps=2,
+                         max_completion_length=cfg.rollout.max_new_tokens)[0]
 
     loss, (g_lp, g_ent) = jax.value_and_grad(ours, argnums=(0, 1))(jnp.asarray(logp), jnp.asarray(entropy))
     lp_t, ent_t = torch.tensor(logp, requires_grad=True), torch.tensor(entropy, requires_grad=True)
     ref_loss, _ = tgrpo.grpo_loss(lp_t, torch.tensor(old), torch.tensor(ref), torch.tensor(adv), torch.tensor(mask),
-                                  cfg, items, entropy_BL=ent_t, accumulation_steps=2)
+                                  trl_args(cfg), items, entropy_BL=ent_t, accumulation_steps=2)
     ref_loss.backward()
     assert float(loss) == pytest.approx(ref_loss.item(), rel=1e-5)
     assert rel_err(np.asarray(g_lp), lp_t.grad.numpy()) <= GRAD_REL_TOL

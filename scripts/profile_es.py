@@ -65,14 +65,13 @@ def main() -> None:
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=args.population, rank=1, sigma=1e-3))
 
     if args.what == "grpo":
-        from jaxcore.bench.grpo import jax_step, shapes, synthetic_batch
+        from jaxcore.bench.grpo import bench_config, jax_step, shapes, synthetic_batch
         from jaxcore.bench.roofline import model_shape
-        from jaxcore.grpo.step import GRPOTrainConfig
 
         opts = BenchOptions(preset=args.preset, dtype=args.dtype)
         rows, prompt_len, completion_len = shapes(opts, model_shape(model).total_params())
         batch = synthetic_batch(model.config.vocab_size, rows, prompt_len, completion_len)
-        step = jax_step(model, batch, GRPOTrainConfig(max_completion_length=completion_len))
+        step = jax_step(model, batch, bench_config(completion_len))
     else:
         def step() -> None:
             gen_model = eggroll.population(model, plan, 0) if args.what == "population" else model

@@ -11,7 +11,7 @@ import pytest
 import jaxcore
 from jaxcore.grpo.advantages import compute_advantages
 from jaxcore.grpo.learner import GRPOLearner
-from jaxcore.grpo.step import GRPOTrainConfig, batch_objective, build_batch
+from jaxcore.grpo.step import batch_objective, build_batch
 from jaxcore.hf import peft
 from jaxcore.inference.generate import generate
 from jaxcore.model import lora
@@ -23,8 +23,8 @@ def leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_lora_learner_trains_adapters_only_and_references_the_base(path, batch):
-    cfg = GRPOTrainConfig(loss_type="dapo", beta=0.04, learning_rate=1e-2, max_completion_length=8, lora=LORA)
+def test_lora_learner_trains_adapters_only_and_references_the_base(path, batch, grpo_job):
+    cfg = grpo_job(loss_type="dapo", beta=0.04, learning_rate=1e-2, max_completion_length=8, lora=LORA)
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
     base_before = leaves(learner.frozen)
     assert learner.ref[1] is learner.frozen                       # no second copy of the weights
@@ -38,26 +38,26 @@ def test_lora_learner_trains_adapters_only_and_references_the_base(path, batch):
     np.testing.assert_allclose(np.asarray(learner.export_model()(ids, attention_mask=mask)),
                                np.asarray(learner.model(ids, attention_mask=mask)), atol=2e-5)
     with pytest.raises(ValueError, match="sync_ref_model"):
-        GRPOTrainConfig(beta=0.04, sync_ref_model=True, lora=LORA)
+        grpo_job(beta=0.04, sync_ref_model=True, lora=LORA)
 
 
-def test_bf16_base_with_dropout_learns(path, batch):
-    cfg = GRPOTrainConfig(loss_type="grpo", learning_rate=1e-2, max_completion_length=8,
-                          lora=lora.LoRAConfig(rank=2, dropout=0.1, base_dtype="bfloat16"))
+def test_bf16_base_with_dropout_learns(path, batch, grpo_job):
+    cfg = grpo_job(loss_type="grpo", learning_rate=1e-2, max_completion_length=8,
+                   lora=lora.LoRAConfig(rank=2, dropout=0.1, base_dtype="bfloat16"))
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(learner.frozen))
     metrics = [learner.train_on_rollout(batch)[0] for _ in range(3)]
     assert all(np.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in metrics)
 
 
-def test_lora_dropout_acts_in_training_only(path, batch):
+def test_lora_dropout_acts_in_training_only(path, batch, grpo_job):
     """With non-zero adapters, dropout 0.1 changes the training loss (same key as a dropout-0 learner)
     and the step, while the deterministic forward (no key: `learner.model`, old log-probs) equals dropout 0.
     (beta != 0 so the loss value depends on the log-probs: with mu = 1 the policy term is -mean(A).)"""
     learners = {}
     for p in (0.0, 0.1):
-        cfg = GRPOTrainConfig(loss_type="grpo", beta=0.04, learning_rate=1e-2, max_completion_length=8,
-                              lora=lora.LoRAConfig(rank=2, dropout=p, target_modules=("all-linear",)))
+        cfg = grpo_job(loss_type="grpo", beta=0.04, learning_rate=1e-2, max_completion_length=8,
+                       lora=lora.LoRAConfig(rank=2, dropout=p, target_modules=("all-linear",)))
         learner = GRPOLearner(jaxcore.load_hf(path), cfg)
         params = {k: {"a": ab["a"], "b": 0.2 * jax.random.normal(jax.random.fold_in(jax.random.key(7), i),
                                                                   ab["b"].shape)}
@@ -85,25 +85,25 @@ def test_lora_dropout_acts_in_training_only(path, batch):
     assert abs(steps[0.1]["loss"] - steps[0.0]["loss"]) > 1e-4 * abs(steps[0.0]["loss"])
 
 
-def test_steps_per_generation_splits_the_rollout(path, batch):
+def test_steps_per_generation_splits_the_rollout(path, batch, grpo_job):
     """Two optimiser steps per rollout: old log-probs are stored (first step ratio 1), each step sees half
     the rows, and dapo divides by half the rollout's tokens (TRL's num_items * gas / steps_per_generation)."""
-    cfg = GRPOTrainConfig(loss_type="dapo", learning_rate=1e-2, max_completion_length=8, steps_per_generation=2,
-                          epsilon=0.01)
+    cfg = grpo_job(loss_type="dapo", learning_rate=1e-2, max_completion_length=8, steps_per_generation=2,
+                   epsilon=0.01)
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
-    assert learner.needs_old_logp()
+    assert learner.cfg.old_logp_source != "none"
     steps = learner.train_on_rollout(batch)
-    assert len(steps) == 2 and learner.cfg.steps_per_rollout == 2
+    assert len(steps) == 2 and learner.cfg.grpo.steps_per_rollout == 2
     tokens = float(np.asarray(batch.completion_mask_BL).sum())
     assert steps[0]["loss_tokens"] == steps[1]["loss_tokens"] == tokens / 2
     assert steps[0]["clip_ratio/region_mean"] == 0.0 < steps[1]["clip_ratio/region_mean"]
     with pytest.raises(ValueError, match="multiple"):
-        GRPOTrainConfig(steps_per_generation=3, gradient_accumulation_steps=2)
+        grpo_job(steps_per_generation=3, gradient_accumulation_steps=2)
 
 
-def test_sync_ref_model_mixes_every_n_steps(path, batch):
-    cfg = GRPOTrainConfig(beta=0.04, learning_rate=1e-2, max_completion_length=8, sync_ref_model=True,
-                          ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
+def test_sync_ref_model_mixes_every_n_steps(path, batch, grpo_job):
+    cfg = grpo_job(beta=0.04, learning_rate=1e-2, max_completion_length=8, sync_ref_model=True,
+                   ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
     initial = leaves(learner.ref[1])
     learner.train_on_rollout(batch)
@@ -115,7 +115,7 @@ def test_sync_ref_model_mixes_every_n_steps(path, batch):
         np.testing.assert_allclose(r, 0.6 * p + 0.4 * r0, rtol=1e-6, atol=1e-7)
     assert max(np.abs(r - r0).max() for r, r0 in zip(leaves(learner.ref[1]), initial)) > 1e-4
     with pytest.raises(ValueError, match="beta"):
-        GRPOTrainConfig(sync_ref_model=True)
+        grpo_job(sync_ref_model=True)
 
 
 def held_out_reward(model, prompts, half: int) -> float:
@@ -124,15 +124,15 @@ def held_out_reward(model, prompts, half: int) -> float:
     return float((np.asarray(result.tokens) < half).mean())
 
 
-def test_lora_grpo_raises_held_out_reward(path):
+def test_lora_grpo_raises_held_out_reward(path, grpo_job):
     """Reward: the share of completion tokens in the lower half of the vocabulary (about 0.5 for the
     random tiny model). A short LoRA GRPO run raises it on held-out prompts."""
     model = jaxcore.load_hf(path)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     train_prompts, held_out = rng.integers(0, vocab, (8, 5)), rng.integers(0, vocab, (16, 5))
-    cfg = GRPOTrainConfig(loss_type="dapo", learning_rate=0.1, max_completion_length=6, lr_schedule="constant",
-                          lora=LORA)
+    cfg = grpo_job(loss_type="dapo", learning_rate=0.1, max_completion_length=6, lr_schedule="constant",
+                   lora=LORA)
     learner = GRPOLearner(model, cfg)
     before = held_out_reward(learner.model, held_out, vocab // 2)
     for epoch in range(20):

@@ -7,14 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcore.grpo.advantages import (
-    GRPOLossConfig,
-    combine_rewards,
-    compute_advantages,
-    grpo_loss,
-    k3_kl,
-    reward_metrics,
-)
+from jaxcore.grpo.advantages import combine_rewards, compute_advantages, reward_metrics
+from jaxcore.grpo.config import GRPOLossConfig
+from jaxcore.grpo.loss import grpo_loss, k3_kl
 
 # --------------------------------------------------------------------------- rewards and advantages
 
@@ -83,13 +78,18 @@ EXPECTED = {"grpo": ((-1.2 - 0.9) / 2 + 0.8) / 2, "bnpo": (-2.1 + 0.8) / 3, "dr_
 
 @pytest.mark.parametrize("loss_type", list(EXPECTED))
 def test_loss_types_by_hand(loss_type):
-    cfg = GRPOLossConfig(loss_type=loss_type, max_completion_length=4)
-    loss, metrics = grpo_loss(LOGP, OLD, None, ADV, MASK, cfg)
+    cfg = GRPOLossConfig(loss_type=loss_type)
+    loss, metrics = grpo_loss(LOGP, OLD, None, ADV, MASK, cfg, max_completion_length=4)
     assert float(loss) == pytest.approx(EXPECTED[loss_type], rel=1e-6)
     assert float(metrics["clip_ratio/low_mean"]) == pytest.approx(1 / 3)
     assert float(metrics["clip_ratio/high_mean"]) == pytest.approx(1 / 3)
     assert float(metrics["clip_ratio/region_mean"]) == pytest.approx(2 / 3)
     assert "kl" not in metrics
+
+
+def test_dr_grpo_needs_the_max_completion_length():
+    with pytest.raises(ValueError, match="dr_grpo needs max_completion_length > 0"):
+        grpo_loss(LOGP, OLD, None, ADV, MASK, GRPOLossConfig(loss_type="dr_grpo"))
 
 
 def test_dapo_uses_the_global_token_count():

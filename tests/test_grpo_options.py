@@ -9,25 +9,27 @@ import numpy as np
 import pytest
 
 import jaxcore
+from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.learner import GRPOLearner
-from jaxcore.grpo.step import GRPOTrainConfig, loss_and_grads
+from jaxcore.grpo.step import loss_and_grads
 
 
 def flat(tree) -> dict[str, np.ndarray]:
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def test_adam_knobs_reach_the_optimizer(path, batch):
+def test_adam_knobs_reach_the_optimizer(path, batch, grpo_job):
     """Two learner steps with non-default adam_beta1/adam_beta2/adam_epsilon/weight_decay and a linear
     schedule equal AdamW written out in numpy (the second step is where beta1/beta2 show: the first
     update of a bias-corrected Adam is g / (|g| + eps) whatever the betas)."""
-    cfg = GRPOTrainConfig(loss_type="dapo", learning_rate=1e-2, total_steps=4, adam_beta1=0.5, adam_beta2=0.7,
-                          adam_epsilon=1e-3, weight_decay=0.1, max_grad_norm=0.0, max_completion_length=8)
-    defaults = GRPOTrainConfig()
+    cfg = grpo_job(loss_type="dapo", learning_rate=1e-2, total_steps=4, adam_beta1=0.5, adam_beta2=0.7,
+                   adam_epsilon=1e-3, weight_decay=0.1, max_grad_norm=0.0, max_completion_length=8)
+    defaults = GRPOConfig().optimizer
     assert (defaults.adam_beta1, defaults.adam_beta2, defaults.adam_epsilon) == (0.9, 0.999, 1e-8)   # TRL/HF's
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
 
-    b1, b2, eps, wd = cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay
+    opt = cfg.optimizer
+    b1, b2, eps, wd = opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay
     p = flat(learner.state.params)
     m = {k: np.zeros_like(v) for k, v in p.items()}
     v = {k: np.zeros_like(x) for k, x in p.items()}
@@ -48,19 +50,19 @@ def test_adam_knobs_reach_the_optimizer(path, batch):
             np.testing.assert_allclose(ours[k], p[k], rtol=1e-5, atol=1e-7, err_msg=f"step {t} {k}")
 
     # The same two steps under the default knobs land elsewhere (the test can tell them apart).
-    plain = GRPOLearner(jaxcore.load_hf(path), dataclasses.replace(cfg, adam_beta1=0.9, adam_beta2=0.999,
-                                                                    adam_epsilon=1e-8, weight_decay=0.0))
+    plain = GRPOLearner(jaxcore.load_hf(path), dataclasses.replace(cfg, optimizer=dataclasses.replace(
+        opt, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0)))
     plain.step(prepared)
     plain.step(prepared)
     other = flat(plain.state.params)
     assert max(np.abs(other[k] - p[k]).max() for k in p) > 1e-4
 
 
-def test_skipped_step_does_not_sync_the_reference(path, tiny_dir, batch):
+def test_skipped_step_does_not_sync_the_reference(path, tiny_dir, batch, grpo_job):
     """TRL syncs on_step_end at global_step % ref_model_sync_steps == 0. A non-finite step is skipped
     here and `state.step` stays put, so it must not sync: not at step 0, and not again at step 2."""
-    cfg = GRPOTrainConfig(beta=0.04, learning_rate=1e-2, max_completion_length=8, sync_ref_model=True,
-                          ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
+    cfg = grpo_job(beta=0.04, learning_rate=1e-2, max_completion_length=8, sync_ref_model=True,
+                   ref_model_sync_steps=2, ref_model_mixup_alpha=0.6)
     learner = GRPOLearner(jaxcore.load_hf(path), cfg, ref_model=jaxcore.load_hf(tiny_dir("llama", seed=1)))
     prepared = learner.prepare(batch)
     poisoned = prepared.replace(advantages_B=jnp.full_like(prepared.advantages_B, jnp.nan))

@@ -8,18 +8,12 @@ from flax import nnx
 
 import jaxcore
 from jaxcore.bench.grpo import EOS_ID
-from jaxcore.grpo.advantages import grpo_loss
 from jaxcore.grpo.learner import GRPOLearner
-from jaxcore.grpo.step import (
-    GRPOTrainConfig,
-    build_batch,
-    loss_mask,
-    make_schedule,
-    policy_logps,
-    rollout_metrics,
-)
+from jaxcore.grpo.loss import grpo_loss
+from jaxcore.grpo.step import build_batch, loss_mask, policy_logps, rollout_metrics
 from jaxcore.inference.logprobs import completion_logprobs
 from jaxcore.parallel.meshes import make_mesh
+from jaxcore.runtime.optim import make_schedule
 
 score = nnx.jit(policy_logps)
 # Adam divides by sqrt(v): fp32 summation-order noise in near-zero gradient entries becomes up to a few
@@ -73,11 +67,11 @@ def test_policy_logps_match_completion_logprobs(path, batch):
                                atol=1e-5)
 
 
-def test_dapo_accumulation_equals_one_batch(path, batch):
+def test_dapo_accumulation_equals_one_batch(path, batch, grpo_job):
     """Two micro-batches (with remat, which must not change any number) == one batch."""
     cfg = dict(loss_type="dapo", learning_rate=1e-3, max_completion_length=8)
-    one = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(**cfg))
-    two = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(**cfg, gradient_accumulation_steps=2, remat=True))
+    one = GRPOLearner(jaxcore.load_hf(path), grpo_job(**cfg))
+    two = GRPOLearner(jaxcore.load_hf(path), grpo_job(**cfg, gradient_accumulation_steps=2), remat=True)
     assert two.model.remat and not one.model.remat
     m1, m2 = one.train_on_rollout(batch)[0], two.train_on_rollout(batch)[0]
     assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7)
@@ -87,8 +81,8 @@ def test_dapo_accumulation_equals_one_batch(path, batch):
     assert max(np.abs(a - b).max() for a, b in zip(params_of(one), initial_params(path))) > 1e-3
 
 
-def test_num_iterations_reuse_stored_old_logp(path, batch):
-    cfg = GRPOTrainConfig(loss_type="bnpo", num_iterations=2, learning_rate=3e-3, max_completion_length=8)
+def test_num_iterations_reuse_stored_old_logp(path, batch, grpo_job):
+    cfg = grpo_job(loss_type="bnpo", num_iterations=2, learning_rate=3e-3, max_completion_length=8)
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
     initial = logp_of(learner.model, batch)
     prepared = learner.prepare(batch)
@@ -96,7 +90,7 @@ def test_num_iterations_reuse_stored_old_logp(path, batch):
     first = learner.step(prepared)
     now = logp_of(learner.model, batch)
     second = learner.step(prepared)
-    args = (jnp.asarray(batch.advantages_B), jnp.asarray(batch.completion_mask_BL), cfg)
+    args = (jnp.asarray(batch.advantages_B), jnp.asarray(batch.completion_mask_BL), cfg.grpo)
     expected, metrics = grpo_loss(jnp.asarray(now), prepared.old_logp_BL, None, *args)
     on_policy, _ = grpo_loss(jnp.asarray(now), None, None, *args)
     assert second["loss"] == pytest.approx(float(expected), rel=1e-4)
@@ -105,17 +99,18 @@ def test_num_iterations_reuse_stored_old_logp(path, batch):
     assert first["clip_ratio/region_mean"] == 0.0 and second["clip_ratio/region_mean"] > 0
 
 
-def test_truncated_completions_are_masked(batch):
+def test_truncated_completions_are_masked(batch, grpo_job):
     """mask_truncated_completions == zeroing those rows' completion masks, in the loss and its normaliser."""
     assert batch.truncated_B.any() and not batch.truncated_B.all()
     logp = jnp.asarray(np.random.default_rng(0).normal(-3, 1, batch.completion_mask_BL.shape), jnp.float32)
     old = logp + 0.3
     zeroed = batch.replace(completion_mask_BL=batch.completion_mask_BL * ~batch.truncated_B[:, None])
-    cfg = GRPOTrainConfig(loss_type="dapo", max_completion_length=8)
+    cfg = grpo_job(loss_type="dapo", max_completion_length=8)
 
     def loss(b, mask_truncated: bool) -> float:
         mask = loss_mask(jax.tree.map(jnp.asarray, b), mask_truncated)
-        return float(grpo_loss(logp, old, None, jnp.asarray(b.advantages_B), mask, cfg, mask.sum())[0])
+        return float(grpo_loss(logp, old, None, jnp.asarray(b.advantages_B), mask, cfg.grpo, mask.sum(),
+                               max_completion_length=cfg.rollout.max_new_tokens)[0])
 
     assert loss(batch, True) == pytest.approx(loss(zeroed, False), rel=1e-6)
     assert abs(loss(batch, True) - loss(batch, False)) > 1e-3
@@ -126,7 +121,7 @@ MESH_CFG = dict(loss_type="dapo", beta=0.04, num_iterations=2, gradient_accumula
                 learning_rate=0.5, lr_schedule="constant", max_grad_norm=0.0, max_completion_length=8)
 
 
-def sgd_learner(path, load_ref, mesh, fsdp_min_size=2**14) -> GRPOLearner:
+def sgd_learner(grpo_job, path, load_ref, mesh, fsdp_min_size=2**14) -> GRPOLearner:
     """A learner with plain SGD (no Adam 1/sqrt(v) amplification of summation-order noise), so the
     meshes are compared at 1e-6."""
     import optax
@@ -134,23 +129,24 @@ def sgd_learner(path, load_ref, mesh, fsdp_min_size=2**14) -> GRPOLearner:
     from jaxcore.grpo import learner as grpo_learner
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo_learner, "make_optimizer", lambda cfg: optax.sgd(make_schedule(cfg)))
-        return GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(**MESH_CFG), mesh=mesh, ref_model=load_ref,
+        patch.setattr(grpo_learner, "make_optimizer",
+                      lambda opt, total_steps: optax.sgd(make_schedule(opt, total_steps)))
+        return GRPOLearner(jaxcore.load_hf(path), grpo_job(**MESH_CFG), mesh=mesh, ref_model=load_ref,
                            fsdp_min_size=fsdp_min_size)
 
 
 @pytest.fixture(scope="module")
-def one_device(path, tiny_dir, batch):
+def one_device(path, tiny_dir, batch, grpo_job):
     ref = lambda: jaxcore.load_hf(tiny_dir("llama", seed=1))     # noqa: E731
-    one = sgd_learner(path, ref, make_mesh({"data": 1}, devices=jax.devices()[:1]))
+    one = sgd_learner(grpo_job, path, ref, make_mesh({"data": 1}, devices=jax.devices()[:1]))
     return one.train_on_rollout(batch), params_of(one)
 
 
 @pytest.mark.parametrize("fsdp", [1, 2, 4])
-def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
+def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp, grpo_job):
     """Two SGD steps (num_iterations=2, accumulation 2, KL to a reference) on 8 devices as the trainer
-    builds them (`make_grpo_mesh`: data x fsdp) give one device's parameters to 1e-6."""
-    from jaxcore.grpo.algorithm import make_grpo_mesh
+    builds them (`grpo_mesh`: data x fsdp) give one device's parameters to 1e-6."""
+    from jaxcore.parallel.meshes import grpo_mesh
 
     assert jax.device_count() == 8
     calls = []
@@ -159,9 +155,9 @@ def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
         calls.append(1)
         return jaxcore.load_hf(tiny_dir("llama", seed=1))
 
-    mesh = make_grpo_mesh(fsdp)
+    mesh = grpo_mesh(fsdp)
     assert dict(mesh.shape) == ({"data": 8 // fsdp, "fsdp": fsdp} if fsdp > 1 else {"data": 8})
-    eight = sgd_learner(path, load_ref, mesh, fsdp_min_size=1024)
+    eight = sgd_learner(grpo_job, path, load_ref, mesh, fsdp_min_size=1024)
     assert len(calls) == 1
     sharded = [x for x in jax.tree.leaves(eight.state.params) if not x.sharding.is_fully_replicated]
     if fsdp > 1:
@@ -183,18 +179,17 @@ def test_eight_devices_match_one(path, tiny_dir, batch, one_device, fsdp):
 
 def test_grpo_and_es_build_meshes_with_one_helper(monkeypatch):
     """`grpo.fsdp` and `mesh.model` both go through `meshes.make_mesh` (one way to build meshes)."""
-    from jaxcore.grpo.algorithm import make_grpo_mesh
-    from jaxcore.parallel import meshes, sharding
+    from jaxcore.parallel import meshes
 
     calls, make = [], meshes.make_mesh
-    monkeypatch.setattr(sharding, "make_mesh", lambda sizes, devices=None: calls.append(dict(sizes)) or
+    monkeypatch.setattr(meshes, "make_mesh", lambda sizes, devices=None: calls.append(dict(sizes)) or
                         make(sizes, devices))
-    make_grpo_mesh(2)
+    meshes.grpo_mesh(2)
     meshes.es_mesh(4)
     assert calls == [{"data": -1, "fsdp": 2}, {"pop": -1, "model": 4}]
 
 
-def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch):
+def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch, grpo_job):
     """A few steps on positive-advantage completions make them likelier (negative ones less likely),
     with beta = 0 never loading the reference nor reading (NaN-poisoned) reference log-probs."""
     def forbidden():
@@ -204,7 +199,7 @@ def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch):
     poisoned = batch.replace(advantages_B=advantages,
                              ref_logp_BL=np.full(batch.completion_mask_BL.shape, np.nan, np.float32))
     mask = batch.completion_mask_BL.astype(bool)
-    cfg = GRPOTrainConfig(loss_type="grpo", learning_rate=1e-3, max_completion_length=8)
+    cfg = grpo_job(loss_type="grpo", learning_rate=1e-3, max_completion_length=8)
     learner = GRPOLearner(jaxcore.load_hf(path), cfg, ref_model=forbidden)
     assert learner.ref is None and learner.prepare(batch).ref_logp_BL is None
 
@@ -220,20 +215,24 @@ def test_beta_zero_learner_ignores_the_reference_and_learns(path, batch):
     assert all("kl" not in m and np.isfinite(list(m.values())).all() for m in metrics)
 
 
-def test_schedule_and_config_validation():
-    sched = make_schedule(GRPOTrainConfig(learning_rate=1.0, warmup_steps=4, lr_schedule="cosine", total_steps=12))
+def test_schedule_and_config_validation(grpo_job):
+    def schedule(**flat):
+        cfg = grpo_job(**flat)
+        return make_schedule(cfg.optimizer, cfg.total_steps)
+
+    sched = schedule(learning_rate=1.0, warmup_steps=4, lr_schedule="cosine", total_steps=12)
     assert [round(float(sched(s)), 4) for s in (0, 2, 4, 8, 12)] == [0.0, 0.5, 1.0, 0.5, 0.0]
-    const = make_schedule(GRPOTrainConfig(learning_rate=2.0, warmup_steps=2, lr_schedule="constant"))
+    const = schedule(learning_rate=2.0, warmup_steps=2, lr_schedule="constant")
     assert [float(const(s)) for s in (0, 1, 2, 50)] == [0.0, 1.0, 2.0, 2.0]
-    linear = make_schedule(GRPOTrainConfig(learning_rate=1.0, warmup_steps=2, total_steps=6))   # TRL's default
+    linear = schedule(learning_rate=1.0, warmup_steps=2, total_steps=6)   # TRL's default
     assert [float(linear(s)) for s in (0, 1, 2, 4, 6, 9)] == [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
     with pytest.raises(ValueError):
-        GRPOTrainConfig(lr_schedule="exponential")
+        grpo_job(lr_schedule="exponential")                     # GRPOConfig.validate
     with pytest.raises(ValueError):
-        GRPOTrainConfig(gradient_accumulation_steps=0)
+        grpo_job(gradient_accumulation_steps=0)                 # GRPOOptions
 
 
-def test_batch_must_split_over_micro_batches_and_devices(path, batch):
-    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(gradient_accumulation_steps=3))
+def test_batch_must_split_over_micro_batches_and_devices(path, batch, grpo_job):
+    learner = GRPOLearner(jaxcore.load_hf(path), grpo_job(gradient_accumulation_steps=3))
     with pytest.raises(ValueError, match="micro-batches"):
         learner.prepare(batch)

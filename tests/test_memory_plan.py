@@ -185,17 +185,16 @@ def test_update_terms_match_xla_on_a_pop_model_mesh():
     close(perturbed + planned.terms["optimizer state"] + planned.terms["gradient"], stats.argument_size_in_bytes)
 
 
-def test_grpo_terms_match_xla_on_an_fsdp_mesh():
+def test_grpo_terms_match_xla_on_an_fsdp_mesh(grpo_job):
     """The GRPO learner's train step on (data=4, fsdp=2): parameters and AdamW moments (its arguments)
     within 10%, the training phase (gradients + activations + gathered weights) against its temp bytes."""
-    from jaxcore.grpo.algorithm import make_grpo_mesh
     from jaxcore.grpo.learner import GRPOLearner
-    from jaxcore.grpo.step import GRPOBatch, GRPOTrainConfig
+    from jaxcore.grpo.step import GRPOBatch
     from jaxcore.model.transformer import create_model
 
     cfg = llama8b(num_layers=2, hidden_size=256, intermediate_size=768, num_heads=4, num_kv_heads=2, head_dim=64,
                   vocab_size=4096)
-    learner = GRPOLearner(create_model(cfg), GRPOTrainConfig(), mesh=make_grpo_mesh(2))
+    learner = GRPOLearner(create_model(cfg), grpo_job(), mesh=meshes.grpo_mesh(2))
     prompts, generations, prompt_tokens, new_tokens = 4, 8, 64, 64
     rows, length = prompts * generations, prompt_tokens + new_tokens
     batch_sharding = NamedSharding(learner.mesh, P(learner.batch_axes))

@@ -381,15 +381,13 @@ def test_masters_loaded_in_place_are_not_copied(tiny_dir):
     assert all(v.dtype == jax.numpy.bfloat16 for v in flat_state(model).values())
 
 
-def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir):
+def test_grpo_adamw_moments_follow_the_fsdp_parameters(tiny_dir, grpo_job):
     """GRPO with fsdp=2: AdamW's moments are sharded like the parameters they mirror (not replicated)."""
     import optax
 
-    from jaxcore.grpo.algorithm import make_grpo_mesh
     from jaxcore.grpo.learner import GRPOLearner
-    from jaxcore.grpo.step import GRPOTrainConfig
 
-    learner = GRPOLearner(jaxcore.load_hf(tiny_dir("llama")), GRPOTrainConfig(), mesh=make_grpo_mesh(2),
+    learner = GRPOLearner(jaxcore.load_hf(tiny_dir("llama")), grpo_job(), mesh=meshes.grpo_mesh(2),
                           fsdp_min_size=1)
     params = jax.tree.leaves(learner.state.params)
     mu, nu = (optax.tree_utils.tree_get(learner.state.opt_state, name) for name in ("mu", "nu"))

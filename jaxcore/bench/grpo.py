@@ -7,9 +7,11 @@ reports how far the bf16 curves drift from the fp32 ones.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,10 +27,27 @@ from jaxcore.bench import (
     torch_device,
 )
 from jaxcore.grpo.advantages import compute_advantages
+from jaxcore.grpo.config import GRPOConfig, GRPOOptions
 from jaxcore.grpo.learner import GRPOLearner
-from jaxcore.grpo.step import GRPOBatch, GRPOTrainConfig, build_batch
+from jaxcore.grpo.step import GRPOBatch, build_batch
 
 PAD_ID, EOS_ID = 0, 2          # jaxcore.hf.tiny's special tokens
+
+
+def bench_config(completion_len: int, *, total_steps: int = 1000, **grpo: Any) -> GRPOConfig:
+    """The benchmarked job: TRL's defaults and the `grpo` settings, completions of `completion_len` tokens
+    (dr_grpo's max_completion_length) and a learning-rate horizon of `total_steps` optimiser steps."""
+    cfg = GRPOConfig(grpo=GRPOOptions(**grpo))
+    cfg.rollout.max_new_tokens = completion_len
+    cfg.train.epochs = max(total_steps // (cfg.grpo.num_iterations * cfg.grpo.steps_per_rollout), 1)
+    return cfg
+
+
+def trl_args(cfg: GRPOConfig) -> SimpleNamespace:
+    """The job's loss and step settings under TRL's flat GRPOConfig names, as `torchref.grpo` (a transcription
+    of TRL) reads them: the grpo section's, `temperature` and `max_completion_length` (the rollout's)."""
+    return SimpleNamespace(**{f.name: getattr(cfg.grpo, f.name) for f in dataclasses.fields(cfg.grpo)},
+                           temperature=cfg.rollout.temperature, max_completion_length=cfg.rollout.max_new_tokens)
 
 
 def synthetic_batch(vocab_size: int, batch_size: int, prompt_len: int, completion_len: int, *,
@@ -54,7 +73,7 @@ def synthetic_batch(vocab_size: int, batch_size: int, prompt_len: int, completio
     return build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, (EOS_ID,))
 
 
-def torch_step(path: Path, batch: GRPOBatch, cfg: GRPOTrainConfig, dtype: str = "float32") -> Callable[[], None]:
+def torch_step(path: Path, batch: GRPOBatch, cfg: GRPOConfig, dtype: str = "float32") -> Callable[[], None]:
     """One torch step: HF forward, TRL-style loss, backward, global-norm clipping, AdamW. fp32 parameters;
     bf16 compute through autocast when `dtype` is bfloat16 (jaxcore's fp32-master/bf16-compute split);
     eval mode (no dropout, like the jaxcore model); CUDA when available."""
@@ -68,9 +87,10 @@ def torch_step(path: Path, batch: GRPOBatch, cfg: GRPOTrainConfig, dtype: str = 
     torch.set_num_threads(os.cpu_count() or 1)
     device = torch_device()
     model = load_reference(path).to(device)
+    opt, trl = cfg.optimizer, trl_args(cfg)
     # fused=True: transformers' default optimiser ("adamw_torch_fused") on torch >= 2.8
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opt.learning_rate, betas=(opt.adam_beta1, opt.adam_beta2),
+                                  eps=opt.adam_epsilon, weight_decay=opt.weight_decay, fused=True)
 
     def compute_context() -> contextlib.AbstractContextManager:
         return torch.autocast(device, dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
@@ -78,9 +98,9 @@ def torch_step(path: Path, batch: GRPOBatch, cfg: GRPOTrainConfig, dtype: str = 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with compute_context():
-            loss, _ = batch_objective(model, batch, cfg)
+            loss, _ = batch_objective(model, batch, trl)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opt.max_grad_norm)
         optimizer.step()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -88,7 +108,7 @@ def torch_step(path: Path, batch: GRPOBatch, cfg: GRPOTrainConfig, dtype: str = 
     return step
 
 
-def jax_step(model: Any, batch: GRPOBatch, cfg: GRPOTrainConfig) -> Callable[[], None]:
+def jax_step(model: Any, batch: GRPOBatch, cfg: GRPOConfig) -> Callable[[], None]:
     """One jit'd jaxcore step (blocks until the metrics are on the host)."""
     learner = GRPOLearner(model, cfg)
     prepared = learner.prepare(batch)
@@ -125,7 +145,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     batch_size, prompt_len, completion_len = shapes(options, shape.total_params())
     rounds = 2 if options.quick else 8 if not is_real_size(options) else 4
     batch = synthetic_batch(model.config.vocab_size, batch_size, prompt_len, completion_len)
-    cfg = GRPOTrainConfig(max_completion_length=completion_len)
+    cfg = bench_config(completion_len)
     times = interleaved_best_times({"jax": jax_step(model, batch, cfg),
                                     "torch": torch_step(path, batch, cfg, options.dtype)}, rounds)
     work = roofline.train_step(shape, batch_size, prompt_len + completion_len, jnp.dtype(options.dtype).itemsize)
@@ -140,7 +160,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
             "grpo.model": model_summary(model), "grpo.device": device_info()}
 
 
-def _train_curves(path: Path, dtype: str, batches: list[GRPOBatch], steps: int, cfg: GRPOTrainConfig
+def _train_curves(path: Path, dtype: str, batches: list[GRPOBatch], steps: int, cfg: GRPOConfig
                   ) -> tuple[list[float], list[float]]:
     """Per-step loss and mean completion NLL (measured on each rollout before it is trained on)."""
     import jaxcore
@@ -151,7 +171,7 @@ def _train_curves(path: Path, dtype: str, batches: list[GRPOBatch], steps: int, 
         batch = learner.prepare(batches[step % len(batches)])       # stores old log-probs (mu > 1)
         mask = np.asarray(batch.completion_mask_BL, bool)
         nlls.append(float(-np.asarray(batch.old_logp_BL)[mask].mean()))
-        losses.extend(learner.step(batch)["loss"] for _ in range(cfg.num_iterations))
+        losses.extend(learner.step(batch)["loss"] for _ in range(cfg.grpo.num_iterations))
     return losses, nlls
 
 
@@ -169,8 +189,8 @@ def bf16_vs_fp32(path: str | Path, *, steps: int = 8, batch_size: int = 8, promp
     path = Path(path)
     vocab = read_hf_config(path)["vocab_size"]
     batches = [synthetic_batch(vocab, batch_size, prompt_len, completion_len, seed=i) for i in range(num_batches)]
-    cfg = GRPOTrainConfig(loss_type="dapo", beta=0.04, num_iterations=2, learning_rate=learning_rate,
-                          max_completion_length=completion_len)
+    cfg = bench_config(completion_len, loss_type="dapo", beta=0.04, num_iterations=2)
+    cfg.optimizer.learning_rate = learning_rate
     loss32, nll32 = _train_curves(path, "float32", batches, steps, cfg)
     loss16, nll16 = _train_curves(path, "bfloat16", batches, steps, cfg)
     loss32_a, loss16_a, nll32_a, nll16_a = map(np.asarray, (loss32, loss16, nll32, nll16))

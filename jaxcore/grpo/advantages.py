@@ -1,4 +1,4 @@
-"""GRPO math with TRL's GRPOTrainer formulas: reward combination and advantages (the loss: `grpo_loss`).
+"""GRPO math with TRL's GRPOTrainer formulas: reward combination and advantages (the loss: `jaxcore.grpo.loss`).
 
 Shapes: B completions (G per prompt, groups contiguous), T completion-token positions.
 Everything here is pure `jnp` and works on sharded global arrays inside `jax.jit`.
@@ -13,20 +13,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcore.grpo.loss import (  # noqa: F401  (the loss lives in grpo_loss; re-exported here)
-    LOSS_TYPES,
-    GRPOLossConfig,
-    aggregate,
-    clip_range,
-    grpo_loss,
-    k3_kl,
-    masked_mean,
-    validate_loss_config,
-)
+from jaxcore.grpo.config import SCALES
 
 Array = jax.Array
 
-SCALES = ("group", "batch", "none")
 STD_EPS = 1e-4                      # TRL: advantages / (std + 1e-4)
 
 

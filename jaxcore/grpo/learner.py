@@ -1,14 +1,15 @@
 """`GRPOLearner`: the GRPO train state, its reference model, and the loop over one rollout.
 
-    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(beta=0.04), mesh=make_mesh())
+    learner = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=grpo_mesh())       # cfg: a GRPOConfig
     batch = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, eos_ids)
     metrics = learner.train_on_rollout(batch)
 
 One rollout is split into `steps_per_generation / gradient_accumulation_steps` optimiser steps
 (strided row slices), and the whole split is passed over `num_iterations` times, as TRL's buffered
 generation batch is; old log-probs are stored before the first step whenever a step can see a
-policy other than the one that sampled. With `cfg.lora`, the trainable parameters are only the
-adapters (`jaxcore.model.lora`) over the frozen base, and the reference model is that base (no copy).
+policy other than the one that sampled (`cfg.old_logp_source`). With `cfg.grpo.lora`, the trainable
+parameters are only the adapters (`jaxcore.model.lora`) over the frozen base, and the reference model is
+that base (no copy).
 With `sync_ref_model`, every `ref_model_sync_steps` optimiser steps the reference parameters become
 alpha * policy + (1 - alpha) * reference (TRL's SyncRefModelCallback).
 """
@@ -25,23 +26,22 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.step import (
-    BATCH_AXES,
     GRPOBatch,
-    GRPOTrainConfig,
     Params,
     TrainState,
     _micro_batches,
     loss_mask,
-    make_optimizer,
     make_train_step,
     policy_logps,
 )
 from jaxcore.hf import peft
 from jaxcore.model import lora
 from jaxcore.model.transformer import Transformer
-from jaxcore.parallel.meshes import replicated
+from jaxcore.parallel.meshes import BATCH_AXES, FSDP, replicated
 from jaxcore.parallel.sharding import fsdp_shardings, optimizer_state_shardings
+from jaxcore.runtime.optim import make_optimizer
 
 RefModel = Transformer | Callable[[], Transformer] | None
 
@@ -57,36 +57,40 @@ def configure_model(model: Transformer, compute_dtype: str | None, remat: bool |
 
 
 class GRPOLearner:
-    """Holds the policy's train state (and, only when beta != 0, frozen reference parameters).
+    """Holds the policy's train state (and, only when grpo.beta != 0, frozen reference parameters) for the
+    job config `cfg`: the loss and rollout split are `cfg.grpo`, the optimiser `cfg.optimizer` over
+    `cfg.total_steps`, the log-probs' temperature `cfg.rollout.temperature`, the LoRA seed `cfg.train.seed`.
 
-    `model`'s compute dtype and `remat` flag apply unless `cfg.compute_dtype` / `cfg.remat` override them;
+    `model`'s compute dtype and `remat` flag apply unless `compute_dtype` / `remat` override them;
     parameters stay in their (fp32) dtype and are what the optimiser updates.
-    `ref_model` (a model or a zero-argument loader) is touched only when `cfg.beta != 0`; by
+    `ref_model` (a model or a zero-argument loader) is touched only when `cfg.grpo.beta != 0`; by
     default the reference is a frozen copy of the initial policy (with LoRA: the base itself). With a
     `mesh`, the batch is split over its "data"/"fsdp" axes and parameters (and Adam moments) are
     FSDP-sharded over "fsdp".
     """
 
-    def __init__(self, model: Transformer, cfg: GRPOTrainConfig, *, mesh: Mesh | None = None,
-                 ref_model: RefModel = None, fsdp_min_size: int = 2**14):
+    def __init__(self, model: Transformer, cfg: GRPOConfig, *, mesh: Mesh | None = None,
+                 ref_model: RefModel = None, compute_dtype: str | None = None, remat: bool | None = None,
+                 fsdp_min_size: int = 2**14):
         self.cfg, self.mesh = cfg, mesh
-        model = configure_model(model, cfg.compute_dtype, cfg.remat)
-        if cfg.lora is not None:
-            model = lora.frozen_base(model, cfg.lora)
+        g = cfg.grpo
+        model = configure_model(model, compute_dtype, remat)
+        if g.lora is not None:
+            model = lora.frozen_base(model, g.lora)
         self.graphdef, base, self.rest = nnx.split(model, nnx.Param, ...)
         base = nnx.to_pure_dict(base)
-        self.optimizer = make_optimizer(cfg)
+        self.optimizer = make_optimizer(cfg.optimizer, cfg.total_steps)
         self.batch_axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.axis_names)
         self.micro_sharding = None
         if mesh is not None:
             self.micro_sharding = NamedSharding(mesh, P(None, self.batch_axes))
-            shardings = (fsdp_shardings(base, mesh, "fsdp", fsdp_min_size) if "fsdp" in mesh.axis_names
+            shardings = (fsdp_shardings(base, mesh, FSDP, fsdp_min_size) if FSDP in mesh.axis_names
                          else jax.tree.map(lambda _: replicated(mesh), base))
             base = jax.device_put(base, shardings)
-        if cfg.lora is None:
+        if g.lora is None:
             params, self.frozen = base, None
         else:
-            params = peft.init_peft_adapters(model, cfg.lora, jax.random.key(cfg.seed))
+            params = peft.init_peft_adapters(model, g.lora, jax.random.key(cfg.train.seed))
             if mesh is not None:
                 params = jax.device_put(params, replicated(mesh))
             self.frozen = base
@@ -101,18 +105,18 @@ class GRPOLearner:
         self._score = jax.jit(self._score_fn, static_argnums=0)
         self._mix = jax.jit(lambda ref, pol, a: jax.tree.map(lambda r, p: (a * p + (1 - a) * r).astype(r.dtype),
                                                              ref, pol))
-        self._split = jax.jit(lambda b: _micro_batches(b, cfg.steps_per_rollout, self.micro_sharding))
-        self.ref = self._init_ref(ref_model, base) if cfg.beta != 0.0 else None
+        self._split = jax.jit(lambda b: _micro_batches(b, g.steps_per_rollout, self.micro_sharding))
+        self.ref = self._init_ref(ref_model, base) if g.beta != 0.0 else None
 
     def build(self, params: Params, frozen: Any, key: jax.Array | None = None) -> Transformer:
         """The policy module for trainable `params` (and, with LoRA, the frozen base `frozen`)."""
-        if self.cfg.lora is None:
+        if self.cfg.grpo.lora is None:
             return nnx.merge(self.graphdef, params, self.rest)
-        return lora.lora_model(nnx.merge(self.graphdef, frozen, self.rest), params, self.cfg.lora, key)
+        return lora.lora_model(nnx.merge(self.graphdef, frozen, self.rest), params, self.cfg.grpo.lora, key)
 
     def _init_ref(self, ref_model: RefModel, base: Params) -> tuple[nnx.GraphDef, Params, nnx.State]:
         if ref_model is None:
-            return self.graphdef, (base if self.cfg.lora is not None else jax.tree.map(jnp.copy, base)), self.rest
+            return self.graphdef, (base if self.cfg.grpo.lora is not None else jax.tree.map(jnp.copy, base)), self.rest
         model = ref_model if isinstance(ref_model, Transformer) else ref_model()
         graphdef, ref_params, rest = nnx.split(model, nnx.Param, ...)
         ref_params = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), nnx.to_pure_dict(ref_params), base)
@@ -121,7 +125,7 @@ class GRPOLearner:
     def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, input_ids_BT: jax.Array,
                   attention_mask_BT: jax.Array, frozen: Any = None) -> jax.Array:
         model = self.build(params, frozen) if graphdef is None else nnx.merge(graphdef, params, rest)
-        return policy_logps(model, input_ids_BT, attention_mask_BT, self.cfg.temperature)[0]
+        return policy_logps(model, input_ids_BT, attention_mask_BT, self.cfg.rollout.temperature)[0]
 
     @property
     def model(self) -> Transformer:
@@ -132,20 +136,21 @@ class GRPOLearner:
 
     def export_model(self) -> Transformer:
         """The policy with plain weights (LoRA: merged, ``w + scaling * a @ b`` in fp32), for `save_hf`."""
-        if self.cfg.lora is None:
+        if self.cfg.grpo.lora is None:
             return self.model
-        return lora.merged_model(nnx.merge(self.graphdef, self.frozen, self.rest), self.state.params, self.cfg.lora)
+        return lora.merged_model(nnx.merge(self.graphdef, self.frozen, self.rest), self.state.params,
+                                 self.cfg.grpo.lora)
 
     def save_adapter(self, out_dir: str, base_model_path: str = "") -> Any:
         """Write the LoRA adapters as a peft directory."""
-        if self.cfg.lora is None:
-            raise ValueError("save_adapter needs a LoRA learner (cfg.lora)")
+        if self.cfg.grpo.lora is None:
+            raise ValueError("save_adapter needs a LoRA learner (cfg.grpo.lora)")
         base = nnx.merge(self.graphdef, self.frozen, self.rest)
-        return peft.save_adapter(base, self.state.params, self.cfg.lora, out_dir, base_model_path)
+        return peft.save_adapter(base, self.state.params, self.cfg.grpo.lora, out_dir, base_model_path)
 
     def shard(self, batch: GRPOBatch) -> GRPOBatch:
         """Place a host batch on the mesh (split over the batch axes), or on the default device."""
-        n, b = self.cfg.generation_steps, np.shape(batch.advantages_B)[0]
+        n, b = self.cfg.grpo.generation_steps, np.shape(batch.advantages_B)[0]
         shards = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in self.batch_axes]))
         if b % (n * shards):
             raise ValueError(f"batch of {b} does not split into {n} micro-batches over {shards} devices")
@@ -153,15 +158,12 @@ class GRPOLearner:
             return jax.tree.map(jnp.asarray, batch)
         return jax.device_put(batch, NamedSharding(self.mesh, P(self.batch_axes)))
 
-    def needs_old_logp(self) -> bool:
-        """Whether some optimiser step sees a policy other than the sampling one (TRL stores old log-probs)."""
-        return self.cfg.num_iterations > 1 or self.cfg.steps_per_rollout > 1
-
     def prepare(self, batch: GRPOBatch) -> GRPOBatch:
-        """Shard the batch and add what the loss needs: old log-probs, reference log-probs (beta)."""
+        """Shard the batch and add what the loss needs: old log-probs when `cfg.old_logp_source` is not
+        "none" and the batch has none (the learner's forward), reference log-probs (beta)."""
         batch = self.shard(batch)
         ids, mask = batch.input_ids_BT, batch.attention_mask_BT
-        if self.needs_old_logp() and batch.old_logp_BL is None:
+        if self.cfg.old_logp_source != "none" and batch.old_logp_BL is None:
             batch = batch.replace(old_logp_BL=self._score(None, self.state.params, None, ids, mask, self.frozen))
         if self.ref is not None and batch.ref_logp_BL is None:
             graphdef, params, rest = self.ref
@@ -171,8 +173,8 @@ class GRPOLearner:
     def step_batches(self, batch: GRPOBatch) -> tuple[list[GRPOBatch], jax.Array]:
         """A prepared rollout's optimiser-step batches (step k: rows k, k + K, ...) and their dapo
         normaliser (TRL: the rollout's loss tokens / K)."""
-        k = self.cfg.steps_per_rollout
-        num_items = loss_mask(batch, self.cfg.mask_truncated_completions).sum().astype(jnp.float32) / k
+        k = self.cfg.grpo.steps_per_rollout
+        num_items = loss_mask(batch, self.cfg.grpo.mask_truncated_completions).sum().astype(jnp.float32) / k
         if k == 1:
             return [batch], num_items
         split = self._split(batch)
@@ -181,9 +183,10 @@ class GRPOLearner:
     def step(self, batch: GRPOBatch, num_items: jax.Array | None = None) -> dict[str, float]:
         """One optimiser step on a prepared batch; returns host metrics."""
         if num_items is None:
-            num_items = loss_mask(batch, self.cfg.mask_truncated_completions).sum().astype(jnp.float32)
-        key = jax.random.fold_in(jax.random.key(self.cfg.seed + 1), self.state.step) \
-            if self.cfg.lora is not None and self.cfg.lora.dropout > 0 else None
+            num_items = loss_mask(batch, self.cfg.grpo.mask_truncated_completions).sum().astype(jnp.float32)
+        lora_cfg = self.cfg.grpo.lora
+        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed + 1), self.state.step) \
+            if lora_cfg is not None and lora_cfg.dropout > 0 else None
         before = int(self.state.step) if self.syncs_ref() else None   # read before the step donates it
         self.state, metrics = self._step(self.state, self.frozen, batch, num_items, key)
         if before is not None:
@@ -191,14 +194,14 @@ class GRPOLearner:
         return {k: float(v) for k, v in metrics.items()}
 
     def syncs_ref(self) -> bool:
-        return self.cfg.sync_ref_model and self.ref is not None
+        return self.cfg.grpo.sync_ref_model and self.ref is not None
 
     def maybe_sync_ref(self, step_before: int) -> None:
         """TRL's SyncRefModelCallback (on_step_end at global_step % ref_model_sync_steps == 0): after a step
         that reached a multiple of `ref_model_sync_steps`, ref <- a * policy + (1 - a) * ref. A skipped
         (non-finite) step leaves `state.step` where it was and does not sync: it is no optimiser step,
         and syncing again at the same count (or at step 0) would mix twice."""
-        cfg, step = self.cfg, int(self.state.step)
+        cfg, step = self.cfg.grpo, int(self.state.step)
         if not self.syncs_ref() or step == step_before or step % cfg.ref_model_sync_steps:
             return
         graphdef, params, rest = self.ref
@@ -207,4 +210,4 @@ class GRPOLearner:
     def train_on_rollout(self, batch: GRPOBatch) -> list[dict[str, float]]:
         """`num_iterations` passes of `steps_per_rollout` optimiser steps over one rollout."""
         batches, num_items = self.step_batches(self.prepare(batch))
-        return [self.step(b, num_items) for _ in range(self.cfg.num_iterations) for b in batches]
+        return [self.step(b, num_items) for _ in range(self.cfg.grpo.num_iterations) for b in batches]

@@ -17,66 +17,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxcore.grpo.config import GRPOLossConfig
+
 Array = jax.Array
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 CLIP_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")        # the PPO-style min(ratio * A, clip * A)
 GLOBAL_NORM_TYPES = ("dapo", "cispo", "vespo")                    # divided by the whole step's token count
-IS_LEVELS = ("token", "sequence")
-
-
-@dataclasses.dataclass(frozen=True)
-class GRPOLossConfig:
-    """The loss settings (names and defaults as in TRL 1.16's GRPOConfig)."""
-
-    loss_type: str = "dapo"
-    epsilon: float = 0.2                    # lower clip: ratio >= 1 - epsilon
-    epsilon_high: float | None = None       # upper clip 1 + epsilon_high (None: epsilon); cispo: the ratio cap
-    beta: float = 0.0                       # k3-KL coefficient; 0 means no reference model
-    max_completion_length: int = 512        # dr_grpo's constant normaliser
-    use_bias_correction_kl: bool = True     # per-token KL times the importance ratio (TRL's default)
-    importance_sampling_level: str = "token"   # "token" | "sequence" (GSPO: exp(mean log-ratio) per row)
-    delta: float | None = None              # two-sided clipping: ratio <= delta in the unclipped branch
-    top_entropy_quantile: float = 1.0       # keep the policy loss on the top-q entropy tokens only
-    entropy_coef: float = 0.0               # loss -= entropy_coef * mean token entropy
-    off_policy_mask_threshold: float | None = None   # drop A < 0 rows whose mean (old - new) log-prob > this
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
-
-    def __post_init__(self) -> None:
-        validate_loss_config(self)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
 
 
 def option(cfg: Any, name: str) -> Any:
-    """`cfg.name`, or TRL's default when a duck-typed config lacks it."""
+    """`cfg.name`, or TRL's default (`GRPOLossConfig`'s) when a duck-typed config lacks it (the loss takes
+    any object with the loss settings' names, e.g. TRL's flat config, as parity_tests check)."""
     return getattr(cfg, name, _DEFAULTS[name])
-
-
-def validate_loss_config(cfg: Any) -> None:
-    """Raise ValueError for an unknown loss type or level, or an impossible setting."""
-    loss_type = cfg.loss_type
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
-    if cfg.epsilon < 0 or (cfg.epsilon_high is not None and cfg.epsilon_high < 0):
-        raise ValueError("epsilon and epsilon_high must be >= 0")
-    if loss_type == "dr_grpo" and cfg.max_completion_length <= 0:
-        raise ValueError("dr_grpo needs max_completion_length > 0")
-    if option(cfg, "importance_sampling_level") not in IS_LEVELS:
-        raise ValueError(f"importance_sampling_level must be token or sequence, not "
-                         f"{option(cfg, 'importance_sampling_level')!r}")
-    if not 0.0 <= option(cfg, "top_entropy_quantile") <= 1.0:
-        raise ValueError("top_entropy_quantile must be in [0, 1]")
-    if option(cfg, "delta") is not None and option(cfg, "delta") <= 0:
-        raise ValueError("delta must be > 0 (TRL recommends > 1 + epsilon)")
-    if loss_type == "sapo" and min(option(cfg, "sapo_temperature_pos"), option(cfg, "sapo_temperature_neg")) <= 0:
-        raise ValueError("sapo temperatures must be > 0")
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
 
 
 def clip_range(cfg: Any) -> tuple[float, float]:
@@ -132,7 +85,7 @@ def vespo_weights(advantages_B1: Array, log_ratio_BT: Array, mask_BT: Array, cfg
     return jax.lax.stop_gradient(jnp.nan_to_num(phi_B1, nan=0.0, posinf=0.0, neginf=0.0))
 
 
-def aggregate(per_token_BT: Array, mask_BT: Array, loss_type: str, max_completion_length: int,
+def aggregate(per_token_BT: Array, mask_BT: Array, loss_type: str, max_completion_length: int | None,
               num_items_in_batch: Array | float | None = None) -> Array:
     """Reduce a per-token loss to a scalar the way TRL's `loss_type` does (before accumulation scaling).
 
@@ -147,6 +100,9 @@ def aggregate(per_token_BT: Array, mask_BT: Array, loss_type: str, max_completio
     if loss_type == "bnpo":
         return total_B.sum() / jnp.maximum(count_B.sum(), 1.0)
     if loss_type == "dr_grpo":
+        if max_completion_length is None or max_completion_length <= 0:
+            raise ValueError(f"dr_grpo needs max_completion_length > 0 (the rollout's max_new_tokens), "
+                             f"not {max_completion_length}")
         return total_B.sum() / (per_token_BT.shape[0] * max_completion_length)
     if loss_type == "luspo":
         return total_B.mean()
@@ -185,7 +141,8 @@ def per_token_policy_loss(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, ad
 
 def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | None, advantages_B: Array,
               mask_BT: Array, cfg: Any, num_items_in_batch: Array | float | None = None, *,
-              entropy_BT: Array | None = None, accumulation_steps: int = 1) -> tuple[Array, dict[str, Array]]:
+              entropy_BT: Array | None = None, accumulation_steps: int = 1, max_completion_length: int | None = None
+              ) -> tuple[Array, dict[str, Array]]:
     """TRL's `_compute_loss` after the forward: policy term, entropy mask, KL, aggregation, entropy bonus.
 
     ratio = exp(logp - old_logp) per token, or exp(masked mean of it) per row at sequence level
@@ -194,6 +151,8 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     `accumulation_steps` n: this batch is one of n micro-batches of an optimiser step; like TRL the
     loss is divided by n except for the dapo/cispo/vespo types (`num_items_in_batch` spans the step).
     `entropy_BT` (differentiable) is needed for `top_entropy_quantile` < 1 and `entropy_coef` != 0.
+    `max_completion_length` (TRL's; a job's rollout.max_new_tokens) is dr_grpo's constant normaliser and
+    needed by it only.
     Masked positions are zeroed before any exp, so junk log-probs there cannot produce inf/NaN.
     """
     mask_BT = jnp.asarray(mask_BT).astype(bool)
@@ -231,7 +190,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
         per_token_BT = per_token_BT * entropy_mask_BT
     if cfg.beta != 0.0:
         per_token_BT = per_token_BT + cfg.beta * kl_BT
-    loss = aggregate(per_token_BT, mask_BT, cfg.loss_type, cfg.max_completion_length, num_items_in_batch)
+    loss = aggregate(per_token_BT, mask_BT, cfg.loss_type, max_completion_length, num_items_in_batch)
     if entropy_coef != 0.0:
         metrics["policy_loss"] = jax.lax.stop_gradient(loss)
     if cfg.loss_type not in GLOBAL_NORM_TYPES:

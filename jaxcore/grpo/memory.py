@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
-from typing import Any
 
 from jaxcore.errors import UserError
+from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.peft import target_paths
 from jaxcore.inference.generate import bucket_length
 from jaxcore.model.config import ModelConfig
@@ -35,8 +35,6 @@ GRPO_ADVICE = {
                    "set model.remat=true, or lower rollout.max_new_tokens",
     "scoring activations": "raise grpo.steps_per_generation or lower rollout.prompts_per_epoch",
 }
-
-
 
 
 def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
@@ -96,18 +94,17 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
                       f"data={devices // fsdp} fsdp={fsdp}", dict(GRPO_ADVICE))
 
 
-def plan_job(grpo_cfg: Any, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
-                     prompt_tokens: int | None = None, prompts: int | None = None) -> MemoryPlan:
-    """`plan_grpo` for a `jaxcore grpo` job config (`GRPOConfig`)."""
+def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
+             prompt_tokens: int | None = None, prompts: int | None = None) -> MemoryPlan:
+    """`plan_grpo` for a `jaxcore grpo` job config (`GRPOConfig`): micro-batches are its steps_per_generation,
+    and the whole rollout is scored for reference log-probs (beta) or old ones from the learner's forward."""
     g, r = grpo_cfg.grpo, grpo_cfg.rollout
     lora = g.lora
-    micro = g.steps_per_generation or g.gradient_accumulation_steps
-    old_logp = (g.num_iterations > 1 or micro // g.gradient_accumulation_steps > 1) and r.temperature != 1.0
     return plan_grpo(model_cfg, prompts=prompts or r.prompts_per_epoch, generations=r.generations_per_prompt,
                      prompt_tokens=prompt_tokens_of(grpo_cfg, prompt_tokens), max_new_tokens=r.max_new_tokens,
                      devices=devices, fsdp=g.fsdp, compute_dtype=grpo_cfg.model.dtype, beta=g.beta,
                      lora_rank=lora.rank if lora else None,
                      lora_targets=tuple(lora.target_modules) if lora else (),
                      lora_base_dtype=lora.base_dtype if lora else None, remat=grpo_cfg.model.remat,
-                     micro_batches=micro, accumulation=g.gradient_accumulation_steps,
-                     scoring=g.beta != 0.0 or old_logp, device_memory=device_memory)
+                     micro_batches=g.generation_steps, accumulation=g.gradient_accumulation_steps,
+                     scoring=g.beta != 0.0 or grpo_cfg.old_logp_source == "forward", device_memory=device_memory)

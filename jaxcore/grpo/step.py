@@ -5,7 +5,7 @@ right-padded completion, `attention_mask_BT` marks real tokens, and every per-to
 L = T - 1 positions aligned with `jaxcore.inference.logprobs.completion_logprobs`: position t scores token
 t + 1. `completion_mask_BL` is 1 where token t + 1 is a completion token to train on.
 
-    learner = GRPOLearner(jaxcore.load_hf(path), GRPOTrainConfig(beta=0.04), mesh=make_mesh())   # grpo_learner
+    learner = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=grpo_mesh())        # cfg: a GRPOConfig
     batch = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, eos_ids)
     metrics = learner.train_on_rollout(batch)     # num_iterations passes over one rollout
 
@@ -21,7 +21,6 @@ The learner (optimiser, reference model, steps per generation, LoRA) is `jaxcore
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,71 +30,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxcore.grpo.advantages import GRPOLossConfig, grpo_loss, masked_mean
+from jaxcore.grpo.config import GRPOConfig
+from jaxcore.grpo.loss import grpo_loss, masked_mean
 from jaxcore.inference.logprobs import token_entropy, token_logprobs
-from jaxcore.model.lora import LoRAConfig
 from jaxcore.model.transformer import Transformer
-from jaxcore.runtime.optim import lr_schedule
+from jaxcore.runtime.optim import make_schedule
 
 Array = jax.Array
 Params = dict[str, Any]                    # nnx.to_pure_dict of the model's nnx.Param state
-BATCH_AXES = ("data", "fsdp")              # mesh axes the batch is split over (those present)
-SCHEDULES = ("linear", "cosine", "constant")
-
-
-@dataclasses.dataclass(frozen=True)
-class GRPOTrainConfig(GRPOLossConfig):
-    """Loss settings plus the optimiser and step settings (TRL/HF names and defaults)."""
-
-    learning_rate: float = 1e-6
-    lr_schedule: str = "linear"             # TRL's lr_scheduler_type: "linear" (to 0) | "cosine" | "constant"
-    warmup_steps: int = 0                   # linear warmup from 0
-    total_steps: int = 1000                 # horizon of the linear/cosine decay (optimiser steps)
-    weight_decay: float = 0.0               # decoupled (AdamW); matrices only, as HF skips biases/norms
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0              # global-norm clipping; <= 0 disables
-    gradient_accumulation_steps: int = 1
-    steps_per_generation: int | None = None  # micro-batches per rollout (None: gradient_accumulation_steps)
-    num_iterations: int = 1                 # mu: passes over each rollout, reusing stored old_logp
-    mask_truncated_completions: bool = False
-    temperature: float = 1.0                # logits / temperature before log-softmax, as in TRL
-    sync_ref_model: bool = False            # TR-DPO: every ref_model_sync_steps, ref = a * policy + (1 - a) * ref
-    ref_model_mixup_alpha: float = 0.6
-    ref_model_sync_steps: int = 512
-    lora: LoRAConfig | None = None          # train only low-rank adapters on the frozen base
-    seed: int = 0                           # LoRA initialisation and dropout
-    compute_dtype: str | None = None        # e.g. "bfloat16"; None keeps the model's (params stay fp32)
-    remat: bool | None = None               # rematerialise each block in the backward; None keeps the model's
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lr_schedule not in SCHEDULES:
-            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; expected {', '.join(SCHEDULES)}")
-        if self.gradient_accumulation_steps < 1 or self.num_iterations < 1:
-            raise ValueError("gradient_accumulation_steps and num_iterations must be >= 1")
-        if self.generation_steps % self.gradient_accumulation_steps:
-            raise ValueError(f"steps_per_generation={self.generation_steps} must be a multiple of "
-                             f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
-        if self.temperature <= 0:
-            raise ValueError("temperature must be > 0")
-        if self.sync_ref_model and self.beta == 0.0:
-            raise ValueError("sync_ref_model needs beta != 0 (with beta = 0 there is no reference model)")
-        if self.sync_ref_model and self.lora is not None:
-            raise ValueError("sync_ref_model is not supported with LoRA (the reference is the frozen base)")
-        if self.sync_ref_model and (self.ref_model_sync_steps < 1 or not 0.0 <= self.ref_model_mixup_alpha <= 1.0):
-            raise ValueError("ref_model_sync_steps must be >= 1 and ref_model_mixup_alpha in [0, 1]")
-
-    @property
-    def generation_steps(self) -> int:
-        """TRL's steps_per_generation: micro-batches one rollout is split into."""
-        return self.steps_per_generation or self.gradient_accumulation_steps
-
-    @property
-    def steps_per_rollout(self) -> int:
-        """Optimiser steps per pass over one rollout."""
-        return self.generation_steps // self.gradient_accumulation_steps
 
 
 @jax.tree_util.register_dataclass
@@ -188,35 +130,38 @@ def loss_mask(batch: GRPOBatch, mask_truncated_completions: bool) -> Array:
     return mask_BL
 
 
-def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOTrainConfig,
+def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
                     num_items_in_batch: Array | None = None, accumulation_steps: int = 1
                     ) -> tuple[Array, dict[str, Array]]:
-    """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`."""
-    mask_BL = loss_mask(batch, cfg.mask_truncated_completions)
-    logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.temperature,
-                                       entropy_grad=cfg.entropy_coef != 0.0)
-    ref_logp_BL = batch.ref_logp_BL if cfg.beta != 0.0 else None
-    loss, metrics = grpo_loss(logp_BL, batch.old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, cfg,
-                              num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps)
+    """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`: the loss settings
+    are `cfg.grpo`, the log-probs at the rollout's temperature, and dr_grpo's normaliser its max_new_tokens."""
+    g = cfg.grpo
+    mask_BL = loss_mask(batch, g.mask_truncated_completions)
+    logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.rollout.temperature,
+                                       entropy_grad=g.entropy_coef != 0.0)
+    ref_logp_BL = batch.ref_logp_BL if g.beta != 0.0 else None
+    loss, metrics = grpo_loss(logp_BL, batch.old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,
+                              num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps,
+                              max_completion_length=cfg.rollout.max_new_tokens)
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)
     return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cfg"))
-def _value_and_grad(graphdef: nnx.GraphDef, params: Params, rest: nnx.State, batch: GRPOBatch,
-                    cfg: GRPOTrainConfig) -> tuple[tuple[Array, dict[str, Array]], Params]:
-    def objective(params: Params) -> tuple[Array, dict[str, Array]]:
-        return batch_objective(nnx.merge(graphdef, params, rest), batch, cfg)
-
-    return jax.value_and_grad(objective, has_aux=True)(params)
-
-
-def loss_and_grads(model: Transformer, batch: GRPOBatch, cfg: GRPOTrainConfig
+def loss_and_grads(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig
                    ) -> tuple[Array, dict[str, Array], Params]:
-    """Loss, metrics and d loss / d params (a pure dict shaped like the params) of one whole batch."""
+    """Loss, metrics and d loss / d params (a pure dict shaped like the params) of one whole batch
+    (compiled per call: the config is closed over, not a static argument)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    batch = jax.tree.map(jnp.asarray, batch)
-    (loss, metrics), grads = _value_and_grad(graphdef, nnx.to_pure_dict(params), rest, batch, cfg)
+
+    @jax.jit
+    def value_and_grad(params: Params, rest: nnx.State, batch: GRPOBatch
+                       ) -> tuple[tuple[Array, dict[str, Array]], Params]:
+        def objective(params: Params) -> tuple[Array, dict[str, Array]]:
+            return batch_objective(nnx.merge(graphdef, params, rest), batch, cfg)
+
+        return jax.value_and_grad(objective, has_aux=True)(params)
+
+    (loss, metrics), grads = value_and_grad(nnx.to_pure_dict(params), rest, jax.tree.map(jnp.asarray, batch))
     return loss, metrics, grads
 
 
@@ -234,14 +179,14 @@ def _micro_batches(batch: GRPOBatch, n: int, sharding: jax.sharding.Sharding | N
 Builder = Callable[[Params, Any, Array | None], Transformer]   # (trainable, frozen, dropout key) -> model
 
 
-def make_train_step(build: Builder, cfg: GRPOTrainConfig, optimizer: optax.GradientTransformation,
+def make_train_step(build: Builder, cfg: GRPOConfig, optimizer: optax.GradientTransformation,
                     micro_batch_sharding: jax.sharding.Sharding | None = None
                     ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """The un-jitted step(state, frozen, batch, num_items, key): accumulate gradients over micro-batches,
     clip, AdamW-update (skipped if non-finite). `num_items` is the dapo/cispo/vespo normaliser of the step
     (TRL: the rollout's active tokens / optimiser steps per rollout); `key` feeds LoRA dropout."""
-    n = cfg.gradient_accumulation_steps
-    schedule = make_schedule(cfg)
+    n = cfg.grpo.gradient_accumulation_steps
+    schedule = make_schedule(cfg.optimizer, cfg.total_steps)     # the learning rate `optimizer` follows, logged
 
     def micro_loss(params: Params, frozen: Any, micro: GRPOBatch, num_items: Array, key: Array | None
                    ) -> tuple[Array, dict[str, Array]]:
@@ -276,21 +221,3 @@ def make_train_step(build: Builder, cfg: GRPOTrainConfig, optimizer: optax.Gradi
         return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state), metrics
 
     return step
-
-
-# ----------------------------------------------------------------------------- optimiser
-
-
-def make_schedule(cfg: GRPOTrainConfig) -> optax.Schedule:
-    """HF's schedules: linear warmup from 0 to `learning_rate`, then linear/cosine decay to 0 at
-    `total_steps`, or constant."""
-    return lr_schedule(cfg.lr_schedule, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps)
-
-
-def make_optimizer(cfg: GRPOTrainConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW (weight decay on matrices only)."""
-    adamw = optax.adamw(make_schedule(cfg), b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
-                        weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
-    if cfg.max_grad_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
-    return adamw
