@@ -8,6 +8,7 @@ An unknown key or a value of the wrong type raises `ConfigValueError` naming the
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -26,8 +27,9 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check (and gently convert) `value` against a type annotation."""
+def _coerce(value: Any, annotation: Any, key: str, default: Any = None) -> Any:
+    """Check (and gently convert) `value` against a type annotation; a mapping for a dataclass section
+    overrides `default` (the section the config already has) field by field."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if annotation is Any:
@@ -35,17 +37,20 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        sections = [a for a in args if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(sections) == 1:     # an optional section: its own error says more
+            return _coerce(value, sections[0], key, default)
         errors = []
         for option in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, option, key)
+                return _coerce(value, option, key, default)
             except ConfigValueError as err:
                 errors.append(str(err))
         raise ConfigValueError(f"{key}: {value!r} does not match {annotation}")
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise ConfigValueError(f"{key}: expected a mapping, got {type(value).__name__}")
-        return from_dict(annotation, value, prefix=f"{key}.")
+        return from_dict(annotation, value, prefix=f"{key}.", base=default if isinstance(default, annotation) else None)
     if origin in (list, tuple, Sequence):
         if not isinstance(value, (list, tuple)):
             raise ConfigValueError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
@@ -82,17 +87,31 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build dataclass `cls` from a (nested) dict, rejecting unknown keys and wrong types."""
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | None = None) -> T:
+    """Build dataclass `cls` from a (nested) dict, rejecting unknown keys and wrong types. Keys not given keep
+    `base`'s values when given, else the defaults the enclosing config gives its sections (a GRPO job's
+    `optimizer` starts from TRL's AdamW settings, not from `OptimizerConfig()`'s)."""
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
         raise ConfigValueError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(types_))})")
-    values = {name: _coerce(value, types_[name], f"{prefix}{name}") for name, value in data.items()}
+    current = {f.name: getattr(base, f.name) if base is not None else _default(f) for f in dataclasses.fields(cls)}
+    values = {name: _coerce(value, types_[name], f"{prefix}{name}", current[name]) for name, value in data.items()}
     try:
-        return cls(**values)
+        return dataclasses.replace(base, **values) if base is not None else cls(**values)
     except (TypeError, ValueError) as err:
-        raise ConfigValueError(f"{prefix.rstrip('.') or cls.__name__}: {err}") from err
+        message = str(err)
+        field = re.match(r"(\w+)\b", message)
+        if prefix and field and field.group(1) in types_:       # "export=zip: ..." -> "grpo.lora.export=zip: ..."
+            raise ConfigValueError(f"{prefix}{message}") from err
+        raise ConfigValueError(f"{prefix.rstrip('.') or cls.__name__}: {message}") from err
+
+
+def _default(field: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one from its factory), or None when it has none."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

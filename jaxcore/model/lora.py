@@ -46,13 +46,13 @@ class LoRAConfig:
 
     def __post_init__(self) -> None:
         if self.rank < 1:
-            raise ValueError(f"lora.rank must be >= 1, not {self.rank}")
+            raise ValueError(f"rank must be >= 1, not {self.rank}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError("lora.dropout must be in [0, 1)")
+            raise ValueError("dropout must be in [0, 1)")
         if not self.target_modules:
-            raise ValueError("lora.target_modules is empty")
+            raise ValueError("target_modules is empty")
         if self.export not in LORA_EXPORTS:
-            raise ValueError(f"lora.export={self.export}: expected {', '.join(LORA_EXPORTS)}")
+            raise ValueError(f"export={self.export}: expected {', '.join(LORA_EXPORTS)}")
 
     @property
     def scaling(self) -> float:

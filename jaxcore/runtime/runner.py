@@ -32,6 +32,7 @@ from jaxcore.hf.tokenization import PromptLimit, decode_completions, encode_prom
 from jaxcore.inference.generate import generate
 from jaxcore.model.state import weight_moments
 from jaxcore.parallel import sharding
+from jaxcore.parallel.rows import gather_rows
 from jaxcore.rewards import Example, Scorer, TaskError, get_task
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
@@ -85,14 +86,14 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         ids, mask, _ = encode_prompts_limited(tokenizer, [e.prompt for e in chunk],
                                               prompt_limit or PromptLimit(model.config.max_position_embeddings),
                                               max_new_tokens, chat_template=chat_template, system=system)
-        rows = len(chunk)
-        pad = -rows % _row_shards(row_sharding)     # rows sharded over k devices: a multiple of k (repeat the last)
+        count = len(chunk)
+        pad = -count % _row_shards(row_sharding)    # rows sharded over k devices: a multiple of k (repeat the last)
         ids, mask = np.concatenate([ids, ids[-1:].repeat(pad, 0)]), np.concatenate([mask, mask[-1:].repeat(pad, 0)])
         result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
                           eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
                           row_sharding=row_sharding)
-        texts.extend(decode_completions(tokenizer, rows.gather_rows(result.tokens)[:rows],
-                                             rows.gather_rows(result.lengths)[:rows]))
+        texts.extend(decode_completions(tokenizer, gather_rows(result.tokens)[:count],
+                                        gather_rows(result.lengths)[:count]))
     scores = scorer.score(texts, examples)
     out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
     for name, values in scores.per_function.items():
