@@ -1,4 +1,5 @@
-"""Helpers the CLI tests of several packages share: tiny runs of `jaxcore es` and `torchref rft-datagen`."""
+"""Helpers the CLI tests of several packages share: tiny runs of `jaxcore es`, `jaxcore grpo` and
+`torchref rft-datagen`."""
 
 from pathlib import Path
 
@@ -10,8 +11,17 @@ TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollou
             "optimizer.learning_rate=0.05", "train.eval_prompts=8", "train.progress=false", "train.tensorboard=false"]
 
 
+GRPO_TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.prompts_per_epoch=4",
+                 "rollout.generations_per_prompt=4", "rollout.max_new_tokens=3", "optimizer.learning_rate=0.01",
+                 "train.eval_prompts=8", "train.progress=false", "train.tensorboard=false"]
+
+
 def es_args(model, out, *extra):
     return [f"model.path={model}", f"train.out_dir={out}", *TINY_RUN, *extra]
+
+
+def grpo_args(model, out, *extra) -> list[str]:
+    return [f"model.path={model}", f"train.out_dir={out}", *GRPO_TINY_RUN, *extra]
 
 
 def final_params(out: Path) -> dict:

@@ -290,7 +290,7 @@ apply_update_donating = jax.jit(_apply_update, static_argnames=("optimizer",), d
 
 # Under jit: the eager form adds a sharded square to an unsharded zero imaginary part, and JAX 0.10's
 # eager dispatch then maps the result onto the mesh of an earlier call with the same devices, which fails
-# once two mesh shapes have been used in one process (tests/test_mesh.py has the case).
+# once two mesh shapes have been used in one process (tests/parallel/test_mesh.py has the case).
 global_norm = jax.jit(optax.tree.norm)
 
 

@@ -184,7 +184,7 @@ def test_allow_changes_still_refuses_other_shapes_and_moves_nothing(tiny_dir, ou
 
 
 def test_an_es_out_dir_resumed_by_grpo_is_refused_naming_the_algorithm(tiny_dir, out, capsys):
-    from test_grpo_trainer import grpo_args
+    from cli_runs import grpo_args
 
     before = digest(ckpt(out))
     code, err = run_cli(capsys, "grpo", "--resume", *grpo_args(tiny_dir("llama"), out, "train.epochs=3", *FAST))

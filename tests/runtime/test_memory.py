@@ -41,7 +41,7 @@ from jaxcore.parallel import meshes, sharding
 from jaxcore.runtime import memory as memory_plan
 from jaxcore.runtime import plan_check
 
-LLAMA_8B = Path(__file__).parent / "data" / "llama3.1-8b" / "config.json"
+LLAMA_8B = Path(__file__).parents[1] / "data" / "llama3.1-8b" / "config.json"
 
 
 def llama8b(**changes):

@@ -7,6 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from cli_runs import grpo_args
 
 from jaxcore.cli import main
 from jaxcore.config.yaml_config import load_config
@@ -17,18 +18,11 @@ from jaxcore.rewards import Scorer, get_task
 from jaxcore.runtime.runner import epoch_seed
 
 # 4 prompts x 4 completions = 16 rows: two per simulated device.
-TINY_RUN = ["task.name=addition", "task.options.digit_match_weight=1.0", "rollout.prompts_per_epoch=4",
-            "rollout.generations_per_prompt=4", "rollout.max_new_tokens=3", "optimizer.learning_rate=0.01",
-            "train.eval_prompts=8", "train.progress=false", "train.tensorboard=false"]
 TRL_METRICS = ("reward", "reward_std", "rewards/exact_match/mean", "rewards/exact_match/std",
                "rewards/digit_match/mean", "rewards/digit_match/std", "frac_reward_zero_std",
                "completions/mean_length", "completions/clipped_ratio", "kl", "entropy", "clip_ratio/low_mean",
                "clip_ratio/high_mean", "clip_ratio/region_mean", "step_time", "num_tokens", "loss", "grad_norm",
                "learning_rate")
-
-
-def grpo_args(model, out, *extra) -> list[str]:
-    return [f"model.path={model}", f"train.out_dir={out}", *TINY_RUN, *extra]
 
 
 def run_cli(capsys, *args) -> tuple[int, list[str]]:
