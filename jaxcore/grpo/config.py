@@ -161,7 +161,10 @@ class GRPOConfig:
     @property
     def old_logp_source(self) -> str:
         """Where the old log-probs come from: "none" (not needed: the ratio is 1), "rollout" (the sampler's
-        own, exact at temperature 1) or "forward" (a temperature-scaled forward of the learner)."""
+        own: equal to the training forward only at temperature 1 in float32) or "forward" (the learner's
+        temperature-scaled forward, as TRL recomputes them). In bfloat16 the decode path's log-probs differ
+        from the training forward's by up to ~0.03, so a first pass would not see a ratio of 1 (GSPO's tiny
+        epsilon would clip almost every row): any compute dtype but float32 uses the forward."""
         if not self.grpo.needs_old_logp:
             return "none"
-        return "rollout" if self.rollout.temperature == 1.0 else "forward"
+        return "rollout" if self.rollout.temperature == 1.0 and self.model.dtype == "float32" else "forward"

@@ -46,7 +46,7 @@ def build(model_path, *overrides):
     from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
 
     cfg = load_config(GRPOConfig, None, grpo_args(model_path, "unused", *overrides))
-    model, tok_dir = load_any(model_path)
+    model, tok_dir = load_any(model_path, cfg.model.dtype)
     tokenizer = load_tokenizer(tok_dir)
     eos = eos_token_ids(tokenizer, model.config.hf_config)
     return grpo_trainer.GRPOAlgorithm(model, tokenizer, cfg, eos_token_ids=eos), cfg
@@ -111,21 +111,41 @@ def examples_for(cfg: GRPOConfig, epoch: int = 0) -> list:
     return get_task("addition").examples("train", cfg.rollout.prompts_per_epoch, epoch_seed(cfg.train.seed, epoch))
 
 
-def test_old_logp_from_the_rollout_match_the_learner_forward(warm):
-    """mu > 1 at temperature 1: the rollout's log-probs, aligned to the loss positions, equal the learner's."""
-    algorithm, cfg = build(warm["hf"], "grpo.num_iterations=2")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_old_logp_from_the_rollout_match_the_learner_forward(warm, dtype):
+    """mu > 1 at temperature 1: the old log-probs the loss sees equal the learner's forward, so the first
+    pass has a ratio of 1. In float32 they are the rollout's own (aligned to the loss positions); in bfloat16
+    the learner recomputes them with its forward (`test_bf16_old_logp_come_from_the_forward`)."""
+    algorithm, cfg = build(warm["hf"], "grpo.num_iterations=2", f"model.dtype={dtype}")
     ids, mask = algorithm.encode(examples_for(cfg))
     result = algorithm.rollout(0, ids, mask)
     advantages = np.zeros(cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt)
     batch = algorithm.make_batch(ids, mask, result, advantages)
     forward = algorithm.learner.prepare(batch.replace(old_logp_BL=None)).old_logp_BL
+    used = algorithm.learner.prepare(batch).old_logp_BL
     active = np.asarray(batch.completion_mask_BL, bool)
     assert active.sum() > 0
-    np.testing.assert_allclose(np.asarray(batch.old_logp_BL)[active], np.asarray(forward)[active], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(used)[active], np.asarray(forward)[active], atol=1e-5)
+    assert (batch.old_logp_BL is None) == (dtype == "bfloat16")     # bf16: not the rollout's
     # at another temperature (or mu = 1) nothing is taken from the rollout
     for override in ("rollout.temperature=0.7", "grpo.num_iterations=1"):
-        other, _ = build(warm["hf"], "grpo.num_iterations=2", override)
+        other, _ = build(warm["hf"], "grpo.num_iterations=2", f"model.dtype={dtype}", override)
         assert other.make_batch(ids, mask, result, advantages).old_logp_BL is None
+
+
+def test_bf16_old_logp_come_from_the_forward():
+    """The decode path's bf16 log-probs can differ from the training forward's (0.03 was seen on a tiny Llama;
+    5e-6 on this file's warm model), so a first pass would not see a ratio of exactly 1: any compute dtype
+    but float32 recomputes them with the forward, as TRL does."""
+    cfg = GRPOConfig()
+    cfg.grpo.num_iterations = 2
+    assert cfg.old_logp_source == "rollout"
+    cfg.model.dtype = "bfloat16"
+    assert cfg.old_logp_source == "forward"
+    cfg.rollout.temperature, cfg.model.dtype = 0.7, "float32"
+    assert cfg.old_logp_source == "forward"
+    cfg.grpo.num_iterations = 1
+    assert cfg.old_logp_source == "none"
 
 
 def test_fsdp_axis_shards_parameters_and_trains(warm):
