@@ -35,7 +35,10 @@ class MetricsLogger:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+            # On resume, TensorBoard drops the earlier events from the first re-run step on (`purge_step`), so
+            # epochs run again after an interruption show once, as in metrics.jsonl.
+            purge = None if resume_after is None else resume_after + 1
+            self._writer = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **{k: _jsonable(v) for k, v in metrics.items()}}
