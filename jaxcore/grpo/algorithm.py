@@ -180,14 +180,15 @@ class GRPOAlgorithm(Algorithm):
         began = time.perf_counter()
         g, scale = self.cfg.rollout.generations_per_prompt, self.cfg.grpo.scale_rewards
         ids, mask = self.encode(examples)
-        result = self.rollout(epoch, ids, mask)
+        result = jax.block_until_ready(self.rollout(epoch, ids, mask))   # the timing names generation's cost
         rolled = time.perf_counter()
         scores = self.score(result, [e for e in examples for _ in range(g)], scorer)
         rewards_B = scores.rewards_B
         advantages_B = np.asarray(compute_advantages(rewards_B, g, scale))
         batch = self.make_batch(ids, mask, result, advantages_B)
         scored = time.perf_counter()
-        steps = self.update(batch)
+        steps = self.update(batch)                 # host floats: every step has finished
+        ended = time.perf_counter()
 
         rollout = rollout_metrics(batch)
         self.num_tokens += int(rollout.pop("rollout_tokens"))
@@ -196,7 +197,7 @@ class GRPOAlgorithm(Algorithm):
             **{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
             "num_tokens": self.num_tokens, "prompts/truncated": self.prompts_truncated,
             "timing/rollout": rolled - began, "timing/scoring": scored - rolled,
-            "timing/update": time.perf_counter() - scored, "step_time": time.perf_counter() - began}
+            "timing/update": ended - scored, "step_time": ended - began}      # the three parts add up to the step
         if not finite(steps[-1]):
             applied = f"; the {len(steps) - 1} before it were applied" if len(steps) > 1 else ""
             return StepResult(metrics, skipped=True, reason=f"non-finite loss or grad norm in optimiser step "

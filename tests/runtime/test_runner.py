@@ -91,20 +91,38 @@ def wait_for_epochs(out: Path, epochs: int, proc: subprocess.Popen, timeout: flo
     raise TimeoutError("training did not reach the epoch")
 
 
+# The optimiser's state must survive the kill too: plain SGD (a step counter), SGD with momentum, and AdamW
+# under a decaying schedule (moments and the schedule's position).
+OPTIMIZERS = {"sgd": [], "momentum": ["optimizer.momentum=0.9"],
+              "adamw-cosine": ["optimizer.name=adamw", "optimizer.learning_rate=0.01", "optimizer.weight_decay=0.1",
+                               "optimizer.schedule=cosine", "optimizer.warmup_steps=2"]}
+
+
 @pytest.fixture(scope="module")
-def straight_run(tiny_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("straight")
-    code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
-                                "train.checkpoint_every=1")])
-    assert code == 0
-    return final_params(out)
+def straight_runs(tiny_dir, tmp_path_factory):
+    runs = {}
+
+    def straight(optimizer: str) -> dict:
+        if optimizer not in runs:
+            out = tmp_path_factory.mktemp(f"straight-{optimizer}")
+            code = main(["es", *es_args(tiny_dir("llama"), out, "train.epochs=6", "train.eval_every=-1",
+                                        "train.checkpoint_every=1", *OPTIMIZERS[optimizer])])
+            assert code == 0
+            runs[optimizer] = final_params(out)
+        return runs[optimizer]
+
+    return straight
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, straight_run, sig):
+@pytest.mark.parametrize("sig,optimizer", [(signal.SIGTERM, "sgd"), (signal.SIGKILL, "sgd"),
+                                           (signal.SIGKILL, "momentum"), (signal.SIGTERM, "adamw-cosine")],
+                         ids=["sigterm", "sigkill", "sigkill-momentum", "sigterm-adamw-cosine"])
+def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, straight_runs, sig, optimizer):
     model = tiny_dir("llama")
     out = tmp_path / "run"
-    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=-1", "train.checkpoint_every=1")
+    extra = OPTIMIZERS[optimizer]
+    straight_run = straight_runs(optimizer)
+    proc = spawn_es(model, out, "train.epochs=6", "train.eval_every=-1", "train.checkpoint_every=1", *extra)
     wait_for_epochs(out, 2, proc)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
@@ -120,7 +138,7 @@ def test_killed_and_resumed_run_equals_straight_run(tiny_dir, tmp_path, capsys, 
     steps = finished_checkpoints(out)
     assert steps and steps[-1] < 5
     code, err = run_cli(capsys, "es", "--resume", *es_args(model, out, "train.epochs=6", "train.eval_every=-1",
-                                                             "train.checkpoint_every=1"))
+                                                             "train.checkpoint_every=1", *extra))
     assert code == 0, err
     resumed = final_params(out)
     for key, value in straight_run.items():
