@@ -185,14 +185,18 @@ def totals(phases: Phases | Work) -> Work:
     return {k: int(sum(work[k] for _, work in phases)) for k in ("bytes", "flops")}
 
 
-def train_step(shape: Shape, batch: int, seq_len: int, compute_itemsize: int) -> Work:
-    """Forward + backward (3x forward FLOPs, the LM head at every position) and AdamW on fp32 masters.
+def train_step(shape: Shape, batch: int, seq_len: int, compute_itemsize: int,
+               head_positions: int | None = None) -> Work:
+    """Forward + backward (3x forward FLOPs; the LM head at `head_positions` positions per row, default every
+    position) and AdamW on fp32 masters. GRPO's step runs the head only where completions are scored.
 
     Bytes: the compute-dtype weights read 3x (forward, two backward matmuls), and per fp32 parameter
     the optimizer reads weight, grad, m, v and writes weight, m, v (7 x 4 bytes)."""
     tokens = batch * seq_len
     params = shape.total_params()
-    flops = 3 * (2 * tokens * shape.matmul_params() + attention_flops(shape, batch, seq_len, 0))
+    head = batch * (seq_len if head_positions is None else head_positions)
+    trunk = shape.matmul_params() - shape.lm_head_params()
+    flops = 3 * (2 * tokens * trunk + 2 * head * shape.lm_head_params() + attention_flops(shape, batch, seq_len, 0))
     nbytes = 3 * params * compute_itemsize + 7 * 4 * params
     return {"bytes": nbytes, "flops": flops}
 

@@ -39,6 +39,13 @@ STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "cl
                 "clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean", "policy_loss")
 
 
+def completion_width(lengths_B: np.ndarray, max_new_tokens: int) -> int:
+    """The completion columns a train step sees: the longest completion rounded up to a power of two (4, 8,
+    16, ...; at most `max_new_tokens`), so a run compiles one step per bucket, not one per length."""
+    bucket = max(4, 1 << max(int(np.max(lengths_B, initial=1)) - 1, 0).bit_length())
+    return min(bucket, max_new_tokens)
+
+
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:
     """The combined reward per completion, NaN where no function scored it (as in TRL: such a completion
     is left out of its group's mean/std and gets advantage 0). Samples that got the fallback count as
@@ -168,11 +175,13 @@ class GRPOAlgorithm(Algorithm):
         """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`."""
         g = self.cfg.rollout.generations_per_prompt
         tokens, lengths = rows.gather_rows(result.tokens), rows.gather_rows(result.lengths)
-        completion_mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
+        width = completion_width(lengths, tokens.shape[1])      # no padded work past the longest completion
+        tokens = tokens[:, :width]
+        completion_mask = np.arange(width)[None, :] < lengths[:, None]
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
                             self.eos_token_ids)
         if self.cfg.old_logp_source == "rollout":
-            logprobs = np.where(completion_mask, rows.gather_rows(result.logprobs), 0.0).astype(np.float32)
+            logprobs = np.where(completion_mask, rows.gather_rows(result.logprobs)[:, :width], 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
         return batch
 

@@ -102,7 +102,7 @@ class GRPOLearner:
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh is not None else None
         step = make_train_step(self.build, cfg, self.optimizer, self.micro_sharding)
         self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
-        self._score = jax.jit(self._score_fn, static_argnums=0)
+        self._score = jax.jit(self._score_fn, static_argnums=(0, 5))       # graphdef, start
         self._mix = jax.jit(lambda ref, pol, a: jax.tree.map(lambda r, p: (a * p + (1 - a) * r).astype(r.dtype),
                                                              ref, pol))
         self._split = jax.jit(lambda b: _micro_batches(b, g.steps_per_rollout, self.micro_sharding))
@@ -123,9 +123,12 @@ class GRPOLearner:
         return graphdef, ref_params, rest
 
     def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, input_ids_BT: jax.Array,
-                  attention_mask_BT: jax.Array, frozen: Any = None) -> jax.Array:
+                  attention_mask_BT: jax.Array, start: int = 0, frozen: Any = None) -> jax.Array:
+        """Log-probs [B, T-1] of the policy (graphdef None) or the reference; the LM head runs only from
+        position `start` on, and the positions before it (the prompt's, masked out of the loss) are 0."""
         model = self.build(params, frozen) if graphdef is None else nnx.merge(graphdef, params, rest)
-        return policy_logps(model, input_ids_BT, attention_mask_BT, self.cfg.rollout.temperature)[0]
+        logp_BL = policy_logps(model, input_ids_BT, attention_mask_BT, self.cfg.rollout.temperature, start=start)[0]
+        return jnp.pad(logp_BL, ((0, 0), (start, 0)))
 
     @property
     def model(self) -> Transformer:
@@ -163,11 +166,12 @@ class GRPOLearner:
         "none" and the batch has none (the learner's forward), reference log-probs (beta)."""
         batch = self.shard(batch)
         ids, mask = batch.input_ids_BT, batch.attention_mask_BT
+        s = batch.completion_start
         if self.cfg.old_logp_source != "none" and batch.old_logp_BL is None:
-            batch = batch.replace(old_logp_BL=self._score(None, self.state.params, None, ids, mask, self.frozen))
+            batch = batch.replace(old_logp_BL=self._score(None, self.state.params, None, ids, mask, s, self.frozen))
         if self.ref is not None and batch.ref_logp_BL is None:
             graphdef, params, rest = self.ref
-            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask))
+            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask, s))
         return batch
 
     def step_batches(self, batch: GRPOBatch) -> tuple[list[GRPOBatch], jax.Array]:

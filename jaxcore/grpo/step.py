@@ -52,6 +52,9 @@ class GRPOBatch:
     truncated_B: Array                      # bool: the completion hit the length limit (no EOS)
     old_logp_BL: Array | None = None        # policy log-probs at rollout time (needed when mu > 1)
     ref_logp_BL: Array | None = None        # reference log-probs (needed when beta != 0)
+    # the first position that can score a completion token (prompt width - 1): the LM head, log-softmax and
+    # entropy run only from here on, and the per-token arrays are read from here on (static: part of the shape)
+    completion_start: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     def replace(self, **changes: Any) -> GRPOBatch:
         return dataclasses.replace(self, **changes)
@@ -85,7 +88,7 @@ def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any,
         attention_mask_BT=np.concatenate([prompt_mask_BP, completion_mask_BC], 1),
         completion_mask_BL=np.concatenate([np.zeros((b, p - 1), np.int32), completion_mask_BC], 1),
         advantages_B=np.asarray(advantages_B, np.float32),
-        truncated_B=truncated_B)
+        truncated_B=truncated_B, completion_start=p - 1)
 
 
 def rollout_metrics(batch: GRPOBatch) -> dict[str, float]:
@@ -106,17 +109,18 @@ def rollout_metrics(batch: GRPOBatch) -> dict[str, float]:
 
 
 def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Array, temperature: float = 1.0,
-                 entropy_grad: bool = False) -> tuple[Array, Array]:
-    """Log-prob of every next token and the entropy there (differentiated only with `entropy_grad`):
-    two [B, T-1] arrays.
+                 entropy_grad: bool = False, start: int = 0) -> tuple[Array, Array]:
+    """Log-prob of every next token and the entropy there (differentiated only with `entropy_grad`), at the
+    positions from `start` on: two [B, T-1-start] arrays (position t scores token t + 1).
 
-    The [B, T, V] logits are never sliced (that would cost a copy forward and a pad backward): the
-    last position scores a dummy target and is dropped from the small [B, T] results.
+    The hidden states before `start` (the prompt's) never reach the LM head. The [B, T', V] logits are never
+    sliced (that would cost a copy forward and a pad backward): the last position scores a dummy target and
+    is dropped from the small [B, T'] results.
     """
-    logits_BTV = model(input_ids_BT, attention_mask=attention_mask_BT)
+    logits_BTV = model(input_ids_BT, attention_mask=attention_mask_BT, logits_from=start)
     if temperature != 1.0:
         logits_BTV = logits_BTV / temperature
-    targets_BT = jnp.pad(input_ids_BT[:, 1:], ((0, 0), (0, 1)))
+    targets_BT = jnp.pad(input_ids_BT[:, start + 1:], ((0, 0), (0, 1)))
     logp_BT = token_logprobs(logits_BTV, targets_BT)
     entropy_BT = token_entropy(logits_BTV if entropy_grad else jax.lax.stop_gradient(logits_BTV))
     return logp_BT[:, :-1], entropy_BT[:, :-1]
@@ -134,13 +138,15 @@ def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
                     num_items_in_batch: Array | None = None, accumulation_steps: int = 1
                     ) -> tuple[Array, dict[str, Array]]:
     """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`: the loss settings
-    are `cfg.grpo`, the log-probs at the rollout's temperature, and dr_grpo's normaliser its max_new_tokens."""
-    g = cfg.grpo
-    mask_BL = loss_mask(batch, g.mask_truncated_completions)
+    are `cfg.grpo`, the log-probs at the rollout's temperature, and dr_grpo's normaliser its max_new_tokens.
+    The prompt positions are masked out of every term, so dropping them (`completion_start`) changes no number."""
+    g, s = cfg.grpo, batch.completion_start         # only positions from s on can score completion tokens
+    mask_BL = loss_mask(batch, g.mask_truncated_completions)[:, s:]
     logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.rollout.temperature,
-                                       entropy_grad=g.entropy_coef != 0.0)
-    ref_logp_BL = batch.ref_logp_BL if g.beta != 0.0 else None
-    loss, metrics = grpo_loss(logp_BL, batch.old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,
+                                       entropy_grad=g.entropy_coef != 0.0, start=s)
+    old_logp_BL = None if batch.old_logp_BL is None else batch.old_logp_BL[:, s:]
+    ref_logp_BL = batch.ref_logp_BL[:, s:] if g.beta != 0.0 else None
+    loss, metrics = grpo_loss(logp_BL, old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,
                               num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps,
                               max_completion_length=cfg.rollout.max_new_tokens)
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)

@@ -272,8 +272,9 @@ class Transformer(nnx.Module):
                                param_dtype=param_dtype))
 
     def __call__(self, input_ids: Array, attention_mask: Array | None = None,
-                 positions: Array | None = None) -> Array:
-        """Full forward without a cache (scoring, training): ids [B, T] -> float32 logits [B, T, V].
+                 positions: Array | None = None, *, logits_from: int = 0) -> Array:
+        """Full forward without a cache (scoring, training): ids [B, T] -> float32 logits [B, T, V], or
+        [B, T - logits_from, V] for the positions from `logits_from` on (the LM head never sees the others).
 
         `attention_mask` [B, T] marks real tokens (left padding); padded positions give junk logits.
         """
@@ -287,7 +288,7 @@ class Transformer(nnx.Module):
         causal_TS = jnp.tril(jnp.ones((t, t), bool))
         mask_BTS = causal_TS[None] & attention_mask_BT[:, None, :]
         hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, mask_BTS, None, None)
-        return self.logits(hidden_BTD)
+        return self.logits(hidden_BTD[:, logits_from:] if logits_from else hidden_BTD)
 
     def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
                        cache: KVCache, cache_index: Array, *, last_only: bool = False

@@ -86,7 +86,9 @@ def test_num_iterations_reuse_stored_old_logp(path, batch, grpo_job):
     learner = GRPOLearner(jaxcore.load_hf(path), cfg)
     initial = logp_of(learner.model, batch)
     prepared = learner.prepare(batch)
-    np.testing.assert_allclose(prepared.old_logp_BL, initial, rtol=1e-5, atol=1e-5)
+    scored = np.arange(initial.shape[1]) >= batch.completion_start      # the prompt's positions: no LM head
+    np.testing.assert_allclose(np.asarray(prepared.old_logp_BL)[:, scored], initial[:, scored], rtol=1e-5, atol=1e-5)
+    assert not np.asarray(prepared.old_logp_BL)[:, ~scored].any()
     first = learner.step(prepared)
     now = logp_of(learner.model, batch)
     second = learner.step(prepared)
