@@ -95,8 +95,13 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
     unknown = sorted(set(data) - set(types_))
     if unknown:
         raise ConfigValueError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(types_))})")
-    current = {f.name: getattr(base, f.name) if base is not None else _default(f) for f in dataclasses.fields(cls)}
-    values = {name: _coerce(value, types_[name], f"{prefix}{name}", current[name]) for name, value in data.items()}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+
+    def current(name: str) -> Any:
+        """The value a given key overrides: the base section's, else the field's default."""
+        return getattr(base, name) if base is not None else _default(fields[name])
+
+    values = {name: _coerce(value, types_[name], f"{prefix}{name}", current(name)) for name, value in data.items()}
     try:
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
     except (TypeError, ValueError) as err:
