@@ -53,12 +53,52 @@ def roofline_entry(model: Any, options: BenchOptions, measured_s: float, *, batc
 
 
 def device_info() -> dict[str, Any]:
-    """The machine the numbers were taken on."""
+    """The machine and software the numbers were taken on: device, CPU model and cores, library versions,
+    thread settings and XLA flags, so that two JSON files can be compared (or not) knowingly."""
+    import os
+
     import jax
 
     dev = jax.devices()[0]
+    env_keys = ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "OPENBLAS_CORETYPE", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")
     return {"device": f"{dev.platform}:{getattr(dev, 'device_kind', '')}", "num_devices": jax.device_count(),
-            "host": platform.node(), "cpu": platform.processor() or platform.machine()}
+            "host": platform.node(), "cpu": cpu_model(), "cpu_cores": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
+            "versions": library_versions(), "torch_threads": torch_threads(),
+            "env": {k: os.environ[k] for k in env_keys if k in os.environ}}
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo's `model name`), else what `platform` knows."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries a figure depends on (absent ones are left out)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "trl", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def torch_threads() -> int | None:
+    """torch's intra-op thread count when torch is already imported (None otherwise: importing it costs)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 def best_time(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> float:

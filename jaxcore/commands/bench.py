@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:
+        results["device"] = device_info()              # load average and torch threads as of this suite
         if args.json_path:
             Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")

@@ -1,0 +1,144 @@
+"""Speed guarded by counts, not clocks: whole runs compile their programs once (issue 20, item 4c).
+
+An epoch after the first must reuse the programs the first one compiled: an ES run compiles nothing after
+its first epoch (the population, the update and the generation have one shape per run), and a GRPO run whose
+completion lengths vary compiles only for a completion-length bucket it has not seen before, a bounded
+number of programs per new bucket (the train step and the forwards that score the bucket), never one per
+length. Compilations are counted from JAX's own compile log (`jax_log_compiles`), each attributed to the
+epoch during which it happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcore.cli import main
+from jaxcore.grpo.algorithm import GRPOAlgorithm, completion_width
+from jaxcore.inference.generate import GenerationResult
+from jaxcore.runtime import metrics as metrics_module
+from jaxcore.runtime import runner as runner_module
+from tests.cli_runs import es_args, grpo_args
+
+EPOCHS = 5
+COMPILED = re.compile(r"Finished XLA compilation of (?:jit\()?([\w<>.\-]+)")
+
+
+class _CompileLog(logging.Handler):
+    """Records (epoch being run, program name) for every XLA compilation."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.epoch = 0                  # epochs logged so far: compilations now belong to epoch `epoch + 1`
+        self.saving: int | None = None  # the number of the checkpoint save under way (1 = the run's first)
+        self.saves = 0
+        self.events: list[tuple[int, str]] = []
+        self.save_events: list[tuple[int, str]] = []
+        self.logged: list[dict] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = COMPILED.search(record.getMessage())
+        if match and self.saving is not None:
+            self.save_events.append((self.saving, match.group(1)))
+        elif match:
+            self.events.append((self.epoch, match.group(1)))
+
+    def after_first_epoch(self) -> list[tuple[int, str]]:
+        """Compilations during epochs 2..EPOCHS (the last epoch's evaluation and export excluded)."""
+        return [(epoch, name) for epoch, name in self.events if 1 <= epoch < EPOCHS]
+
+    def after_first_save(self) -> list[tuple[int, str]]:
+        """Compilations during checkpoint saves after the first (which gathers each array's shards once)."""
+        return [(save, name) for save, name in self.save_events if save > 1]
+
+
+@contextmanager
+def compile_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[_CompileLog]:
+    log = _CompileLog()
+    original = metrics_module.MetricsLogger.log
+
+    def log_and_count(self, step: int, metrics: dict) -> None:
+        original(self, step, metrics)
+        if step > 0:                       # step 0 is the evaluation before training
+            log.epoch = step
+            log.logged.append(dict(metrics))
+
+    original_save = runner_module.Runner._save
+
+    def save_and_count(self, epoch: int, **kwargs) -> None:
+        log.saves += 1
+        log.saving = log.saves
+        try:
+            original_save(self, epoch, **kwargs)
+        finally:
+            log.saving = None
+
+    monkeypatch.setattr(metrics_module.MetricsLogger, "log", log_and_count)
+    monkeypatch.setattr(runner_module.Runner, "_save", save_and_count)
+    jax_logger = logging.getLogger("jax")
+    jax_logger.addHandler(log)
+    previous_level = jax_logger.level
+    jax_logger.setLevel(logging.DEBUG)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        yield log
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        jax_logger.removeHandler(log)
+        jax_logger.setLevel(previous_level)
+
+
+def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, monkeypatch):
+    """Five ES epochs, each with new prompts and noise: every program is compiled in the first."""
+    with compile_log(monkeypatch) as log:
+        code = main(["es", *es_args(tiny_dir("llama"), tmp_path / "es", f"train.epochs={EPOCHS}",
+                                    "train.eval_every=-1", "train.checkpoint_every=1")])
+    assert code == 0
+    assert len(log.logged) == EPOCHS
+    assert [name for epoch, name in log.events if epoch == 0], "the first epoch compiled nothing: not counting?"
+    assert log.after_first_epoch() == []
+    assert log.saves == EPOCHS and log.after_first_save() == []
+
+
+def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path, monkeypatch):
+    """Five GRPO epochs whose longest completions are 3, 5, 2, 9 and 4 tokens (max_new_tokens 16; a tiny random
+    model rarely samples EOS, so each epoch's sampled completions are cut to that length, as an EOS would): an
+    epoch compiles only when its completions fall in a bucket no earlier epoch used (widths 4, 8, 4, 16, 4), then
+    a few programs for it, and an epoch in a known bucket compiles nothing."""
+    max_new, longest = 16, (3, 5, 2, 9, 4)
+    sample = GRPOAlgorithm.rollout
+
+    def rollout_cut(self, epoch: int, ids, mask) -> GenerationResult:
+        result = sample(self, epoch, ids, mask)
+        lengths_B = jnp.minimum(result.lengths, longest[epoch])
+        kept_BN = jnp.arange(result.tokens.shape[1])[None] < lengths_B[:, None]
+        return GenerationResult(jnp.where(kept_BN, result.tokens, self.tokenizer.pad_token_id),
+                                jnp.where(kept_BN, result.logprobs, 0.0), lengths_B,
+                                result.finished | (result.lengths > lengths_B))
+
+    monkeypatch.setattr(GRPOAlgorithm, "rollout", rollout_cut)
+    with compile_log(monkeypatch) as log:
+        code = main(["grpo", *grpo_args(tiny_dir("llama"), tmp_path / "grpo", f"train.epochs={EPOCHS}",
+                                        f"rollout.max_new_tokens={max_new}", "rollout.temperature=1.0",
+                                        "train.eval_every=-1", "train.checkpoint_every=1")])
+    assert code == 0
+    assert len(log.logged) == EPOCHS
+    assert [int(m["completions/max_length"]) for m in log.logged] == list(longest)
+    widths = [completion_width(np.array([n]), max_new) for n in longest]
+    assert widths == [4, 8, 4, 16, 4]
+    assert [name for epoch, name in log.events if epoch == 0], "the first epoch compiled nothing: not counting?"
+    for epoch in range(1, EPOCHS):
+        compiled = [name for e, name in log.events if e == epoch]
+        if widths[epoch] not in widths[:epoch]:
+            # the train step and the forwards over the new width; never generation or scoring again
+            assert 1 <= len(compiled) <= 3, (epoch, widths, compiled)
+        else:
+            assert compiled == [], (epoch, widths, compiled)
+    assert log.saves == EPOCHS and log.after_first_save() == []
