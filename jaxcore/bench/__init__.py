@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-SUITES = ("generate", "es", "grpo", "rft")
-
 
 @dataclasses.dataclass
 class BenchOptions:

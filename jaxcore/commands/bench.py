@@ -4,24 +4,30 @@ examples:
   jaxcore bench --suite all --json runs/bench.json                 # CPU: the ~34M bench model, fp32
   jaxcore bench --suite generate,es,grpo --preset qwen2.5-0.5b     # on a GPU (bf16 by default there)
   jaxcore bench --suite es --quick                                 # small shapes, fast
+  jaxcore bench --suite trl --preset smollm2-135m-instruct         # vs TRL's GRPOTrainer (after make smollm2)
 
 Every generate/ES/GRPO figure carries a roofline entry (bytes, FLOPs, fraction_of_limit) against the
 bandwidth and matmul peaks measured in the same run (`peaks` in the JSON). The JSON is rewritten
 after every suite, so a run that dies part-way keeps the suites it finished.
 
 suites: generate (jaxcore vs HF generate), es (EGGROLL vs plain inference / naive ES, memory),
-grpo (one optimisation step, torch vs jaxcore), rft (datagen throughput, jax engine vs HF).
+grpo (one optimisation step, torch vs jaxcore), rft (datagen throughput, jax engine vs HF),
+trl (whole GRPO steps of TRL's own GRPOTrainer vs jaxcore.GRPOTrainer; needs `pip install 'jaxcore[trl]'`),
+qiu (ES iterations of Qiu et al.'s full-rank ES loop in torch vs jaxcore's EGGROLL).
 """
 
 from __future__ import annotations
 
 import argparse
 
-SUITES = ("generate", "es", "grpo", "rft")
+SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu")
+DEFAULT_SUITES = ("generate", "es", "grpo", "rft")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--suite", default="all", help=f"all or a comma list of {', '.join(SUITES)}")
+    parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
+                        help=f"all or a comma list of {', '.join(SUITES)} (default: {','.join(DEFAULT_SUITES)}; "
+                             "trl and qiu train with the peer's own code for minutes)")
     parser.add_argument("--json", dest="json_path", help="write the results here")
     parser.add_argument("--preset", default="bench",
                         help="bench model preset: tiny, bench (CPU), smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, "

@@ -1,0 +1,139 @@
+"""GRPO against TRL's own trainer: `trl.GRPOTrainer` and `jaxcore.GRPOTrainer` on the same model, prompts,
+reward function and settings, whole training steps (generation, scoring, update) timed on both sides.
+
+`run(options)` -> {"trl.trl_step_over_jax": TRL's median step / jaxcore's median step, ...} for each regime:
+`fill` (learning rate 1e-6: completions keep filling `max_new_tokens`) and `short` (3e-5 with a brevity
+reward: completions collapse to a few tokens within a few steps, where padded work would show). The sides
+run alternately (TRL, jaxcore, TRL, jaxcore, ... `rounds` times), each run's first step (compilation,
+warm-up) left out of the median. Needs `trl` (`pip install 'jaxcore[trl]'`). Settings as in TRL's
+examples: 2 prompts x 8 generations, temperature 1, loss `dapo`, beta 0, AdamW, fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxcore.bench import BenchOptions, bench_checkpoint, device_info
+
+PROMPTS = ["Write one word that names a colour.", "Name a fruit in one word."]
+REGIMES = {"fill": 1e-6, "short": 3e-5}
+
+
+def brevity(prompts: list[Any], completions: list[str], **_: Any) -> list[float]:
+    """TRL-style reward: 1 for an empty completion, falling with every word."""
+    return [1.0 / (1.0 + len(completion.split())) for completion in completions]
+
+
+def settings(options: BenchOptions) -> dict[str, Any]:
+    """The compared job: steps per run, completion lengths, rounds (quick: tiny shapes for the tests)."""
+    if options.quick:
+        return {"steps": 2, "completion_lengths": (4,), "rounds": 1, "generations": 4, "regimes": ("short",)}
+    return {"steps": 5, "completion_lengths": (16, 128), "rounds": 2, "generations": 8, "regimes": tuple(REGIMES)}
+
+
+def rounds_for(s: dict[str, Any], completion_len: int) -> int:
+    """Alternated rounds: as set for short completions, one for long ones (a TRL step at 128 tokens takes
+    about a minute on two CPU cores)."""
+    return s["rounds"] if completion_len <= 32 else 1
+
+
+class _StepTimer:
+    """A transformers TrainerCallback (duck-typed) that records each optimisation step's wall time."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._began = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self._began = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.times.append(time.perf_counter() - self._began)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("on_"):                      # every other callback event: nothing to do
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
+            ) -> dict[str, list[float]]:
+    """`steps` steps of TRL's GRPOTrainer: per-step wall times and mean rewards."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    args = TRLConfig(output_dir=str(out), per_device_train_batch_size=len(PROMPTS) * generations,
+                     num_generations=generations, max_completion_length=completion_len, temperature=1.0,
+                     learning_rate=lr, beta=0.0, loss_type="dapo", max_steps=steps, logging_steps=1,
+                     save_strategy="no", report_to=[], seed=0, bf16=False, fp16=False,
+                     use_cpu=not torch.cuda.is_available(), disable_tqdm=True, dataloader_num_workers=0)
+    timer = _StepTimer()
+    trainer = TRLTrainer(model=str(path), reward_funcs=[brevity], args=args,
+                         train_dataset=Dataset.from_dict({"prompt": PROMPTS * steps}), callbacks=[timer])
+    trainer.train()
+    rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
+    return {"step_s": timer.times, "reward": rewards}
+
+
+def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
+            ) -> dict[str, list[float]]:
+    """`steps` epochs (one rollout and one optimiser step each) of jaxcore's GRPOTrainer."""
+    import jaxcore
+    from jaxcore.runtime.metrics import read_metrics
+
+    args = jaxcore.GRPOConfig()
+    args.rollout.prompts_per_epoch, args.rollout.generations_per_prompt = len(PROMPTS), generations
+    args.rollout.max_new_tokens, args.rollout.temperature = completion_len, 1.0
+    args.grpo.loss_type, args.grpo.beta = "dapo", 0.0
+    args.optimizer.learning_rate = lr
+    t = args.train
+    t.epochs, t.out_dir, t.eval_every, t.checkpoint_every = steps, str(out), -1, 0
+    t.progress, t.tensorboard, t.export_hf = False, False, False
+    rows = [{"prompt": p} for p in PROMPTS]             # no held-out evaluation (eval_every=-1), as in TRL's run
+    trainer = jaxcore.GRPOTrainer(model=str(path), reward_funcs=[brevity], train_dataset=rows, eval_dataset=rows,
+                                  args=args)
+    trainer.train()
+    rows = [row for row in read_metrics(out / "metrics.jsonl") if "step_time" in row]
+    return {"step_s": [row["step_time"] for row in rows], "reward": [row["reward"] for row in rows]}
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    try:
+        import trl  # noqa: F401
+    except ImportError as err:
+        from jaxcore.errors import UserError
+
+        raise UserError("--suite trl compares against TRL's own GRPOTrainer and needs trl: "
+                        "pip install 'jaxcore[trl]'") from err
+    path = bench_checkpoint(options)
+    s = settings(options)
+    results: dict[str, Any] = {"trl.settings": {**s, "prompts": PROMPTS, "model": str(path)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for length in s["completion_lengths"]:
+            for regime in s["regimes"]:
+                lr, key = REGIMES[regime], f"trl.{regime}_{length}"
+                sides: dict[str, dict[str, list[float]]] = {"trl": {"step_s": [], "reward": []},
+                                                            "jax": {"step_s": [], "reward": []}}
+                rounds = rounds_for(s, length)
+                for round_ in range(rounds):
+                    for side, runner in (("trl", trl_run), ("jax", jax_run)):
+                        print(f"{key}: {side} round {round_ + 1}/{rounds}", flush=True)
+                        out = Path(tmp) / f"{key}-{side}-{round_}"
+                        got = runner(path, lr, length, s["steps"], s["generations"], out)
+                        sides[side]["step_s"] += got["step_s"][1:]          # the first step compiles / warms up
+                        sides[side]["reward"] += got["reward"]
+                trl_s, jax_s = (statistics.median(sides[side]["step_s"]) for side in ("trl", "jax"))
+                results[f"{key}.trl_step_over_jax"] = round(trl_s / jax_s, 3)
+                results[f"{key}.trl_median_step_s"] = round(trl_s, 4)
+                results[f"{key}.jax_median_step_s"] = round(jax_s, 4)
+                for side in ("trl", "jax"):
+                    results[f"{key}.{side}_reward"] = sides[side]["reward"]
+                    results[f"{key}.{side}_step_s"] = sides[side]["step_s"]
+    results["trl.device"] = device_info()
+    return results

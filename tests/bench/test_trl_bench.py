@@ -1,0 +1,23 @@
+"""`jaxcore bench --suite trl`: TRL's own GRPOTrainer and jaxcore's, same model, prompts, reward and settings,
+alternated; quick shapes on the tiny model (trl is part of the dev install, so this never skips)."""
+
+import math
+
+from jaxcore.bench import BenchOptions
+from jaxcore.bench import trl as trl_bench
+
+
+def test_trl_suite_times_both_trainers_on_the_same_job(tmp_path):
+    results = trl_bench.run(BenchOptions(quick=True, workdir=str(tmp_path)))
+    key = "trl.short_4"
+    assert results[f"{key}.trl_step_over_jax"] > 0
+    for side in ("trl", "jax"):
+        steps = results[f"{key}.{side}_step_s"]
+        assert len(steps) == 1 and all(t > 0 for t in steps)            # 2 steps, the first left out
+        rewards = results[f"{key}.{side}_reward"]
+        assert len(rewards) == 2 and all(0.0 < r <= 1.0 and math.isfinite(r) for r in rewards)
+    assert results["trl.device"]["versions"]["trl"] == "1.16.0"
+
+
+def test_brevity_is_a_trl_style_reward():
+    assert trl_bench.brevity(["p", "q"], ["", "two words"]) == [1.0, 1.0 / 3.0]
