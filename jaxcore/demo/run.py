@@ -58,6 +58,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from jaxcore.hf.tiny import write_tiny_checkpoint
     from jaxcore.hf.tokenization import load_tokenizer
     from jaxcore.rewards import get_task
+    from jaxcore.runtime.runner import EVAL_SEED
     from torchref.evaluate import evaluate_with_transformers
 
     began = time.perf_counter()
@@ -88,7 +89,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     summary = ESTrainer(args=es_cfg).train()
 
     print("[4/4] held-out evaluation with transformers (torch), greedy", flush=True)
-    held_out = task.examples("eval", cfg.eval_prompts, cfg.seed)
+    # The runner's held-out prompts (drawn with EVAL_SEED whatever the run's seed), so that the torch scores and
+    # the run's own jax evaluation are of the same prompts: with cfg.seed here they differed for any seed but 0.
+    held_out = task.examples("eval", cfg.eval_prompts, EVAL_SEED)
     evaluate = (lambda path: evaluate_with_transformers(path, held_out, task.reward_fns, task.reward_weights,
                                                         max_new_tokens=4))
     before, after = evaluate(warm_hf), evaluate(summary["final_hf"])
