@@ -19,11 +19,12 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxcore.errors import (  # noqa: F401  (CheckpointWriteError, NoRestorableCheckpointError: re-exported)
@@ -120,6 +121,7 @@ class TrainCheckpointer:
                                                create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._pending: int | None = None         # the step whose asynchronous write may still be running
+        self._reader: Any = None                  # reads without orbax's barrier (multi-process runs; `_read`)
         for name in ("absl", "orbax", "asyncio"):
             if _ORBAX_FILTER not in logging.getLogger(name).filters:
                 logging.getLogger(name).addFilter(_ORBAX_FILTER)
@@ -166,18 +168,28 @@ class TrainCheckpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"{self.directory}: no checkpoint to resume from")
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                                       meta=ocp.args.JsonRestore()))
+        restored = self._read(step, ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                       meta=ocp.args.JsonRestore()))
         check_same_tree(target, restored["state"])
         return restored["state"], dict(restored["meta"])
 
     def read_meta(self, step: int) -> dict[str, Any]:
         """The JSON metadata of `step` alone (no arrays are read)."""
-        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = restored["meta"]
+        meta = self._read(step, ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         if not isinstance(meta, dict) or "epoch" not in meta:
             raise ValueError("metadata has no epoch")
         return dict(meta)
+
+    def _read(self, step: int, args: Any) -> Any:
+        """Read `step`. In a multi-process run each process reads alone, without orbax's restore barrier: a
+        process whose read fails must not leave the others waiting in it (they agree in `restore_newest`)."""
+        if jax.process_count() == 1:
+            return self._manager.restore(step, args=args)
+        if self._reader is None:
+            alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                                       active_processes={jax.process_index()})
+            self._reader = ocp.Checkpointer(ocp.CompositeCheckpointHandler(), multiprocessing_options=alone)
+        return self._reader.restore(self.directory / str(step), args=args)
 
     def restore_newest(self, target: Any, check_meta: Callable[[dict[str, Any]], None] = lambda meta: None
                        ) -> tuple[Any, dict[str, Any]]:
@@ -185,64 +197,95 @@ class TrainCheckpointer:
 
         Only a failure that proves corruption (unreadable metadata, missing or truncated array files, another
         tree or shape: `proves_corruption`) sets a step aside; any other (out of memory, an I/O or permission
-        error) stops with a one-line `CheckpointReadError` and moves nothing. In a multi-process run only
-        process 0 moves files. When an older step restores, each step set aside is logged in one line. When
-        none restores, one `NoRestorableCheckpointError` line names every step and its reason.
-        `check_meta(meta)` may raise to refuse a readable checkpoint (e.g. config drift): that error
-        propagates and nothing is moved.
+        error) stops with a one-line `CheckpointReadError` and moves nothing. When an older step restores, each
+        step set aside is logged in one line. When none restores, one `NoRestorableCheckpointError` line names
+        every step and its reason. `check_meta(meta)` may raise to refuse a readable checkpoint (e.g. config
+        drift): that error propagates and nothing is moved.
+
+        In a multi-process run every process tries each step, the processes exchange their outcomes and act
+        alike (`agree`): all stop when any failed for a reason that proves nothing (or refused the step), all
+        skip a step that any proves corrupt (process 0 alone moves it), so all resume from the same step.
         """
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             raise NoRestorableCheckpointError(f"{self.directory}: no checkpoint to resume from")
         set_aside: list[tuple[int, str, Path]] = []
         for step in steps:
-            try:
-                meta = self.read_meta(step)
-            except Exception as err:  # noqa: BLE001 -- classified: corrupt steps are set aside, others stop
-                set_aside.append(self._set_aside_if_corrupt(step, "unreadable metadata", err))
+            outcome, reason, error, restored = self._try_step(step, target, check_meta)
+            outcomes = _exchange(outcome, reason)
+            action, who = agree([o for o, _ in outcomes])
+            if action == "stop":
+                stop = self._stop_error(step, outcome, error, who, outcomes[who])
+                if stop is error:
+                    raise stop
+                raise stop from error
+            if action == "skip":
+                by = f"process {who}: " if len(outcomes) > 1 else ""
+                set_aside.append(self._set_aside(step, by + outcomes[who][1]))
                 continue
-            check_meta(meta)
-            try:
-                state = self.restore(target, step)[0]
-            except Exception as err:  # noqa: BLE001
-                set_aside.append(self._set_aside_if_corrupt(step, "arrays do not restore", err))
-                continue
-            for bad, reason, dest in set_aside:
+            state, meta = restored
+            for bad, why, dest in set_aside:
                 log.warning("checkpoint step %d does not restore (%s); moved to %s; resuming from step %d",
-                            bad, reason[:200], dest, step)
+                            bad, why[:200], dest, step)
             return state, meta
-        reasons = "; ".join(f"step {bad}: {reason[:120]}" for bad, reason, _ in set_aside)
+        reasons = "; ".join(f"step {bad}: {why[:120]}" for bad, why, _ in set_aside)
         raise NoRestorableCheckpointError(f"{self.directory}: none of the checkpoints {steps} restores ({reasons}); "
                                           f"moved aside to {self.corrupt_dir}")
+
+    def _try_step(self, step: int, target: Any, check_meta: Callable[[dict[str, Any]], None]
+                  ) -> tuple[int, str, BaseException | None, tuple[Any, dict[str, Any]] | None]:
+        """This process's attempt at `step`: (outcome, reason, error, (state, meta) when restored)."""
+        try:
+            meta = self.read_meta(step)
+        except Exception as err:  # noqa: BLE001 -- classified: corrupt steps are set aside, others stop
+            return (*_classify("unreadable metadata", err), err, None)
+        try:
+            check_meta(meta)
+        except Exception as err:  # noqa: BLE001 -- refused: raised again once the processes agree
+            return REFUSED, first_line(err), err, None
+        try:
+            state = self.restore(target, step)[0]
+        except Exception as err:  # noqa: BLE001
+            return (*_classify("arrays do not restore", err), err, None)
+        return RESTORED, "", None, (state, meta)
+
+    def _stop_error(self, step: int, outcome: int, error: BaseException | None, who: int,
+                    deciding: tuple[int, str]) -> BaseException:
+        """The error every process stops with: the refusal itself where this process refused the step, else one
+        `CheckpointReadError` line (the same on every process) naming the failure of process `who`."""
+        if outcome == REFUSED and error is not None:
+            return error
+        kind, why = deciding
+        by = f" by process {who}" if jax.process_count() > 1 else ""
+        if kind == REFUSED:
+            return CheckpointReadError(f"checkpoint step {step} in {self.directory} was refused{by} ({why}); "
+                                       "nothing was moved")
+        return CheckpointReadError(f"checkpoint step {step} in {self.directory} could not be read{by} ({why}); "
+                                   "nothing was moved: fix the cause and resume again")
 
     @property
     def corrupt_dir(self) -> Path:
         """Where unrestorable steps are moved (outside the manager's directory, so it never sees them)."""
         return self.directory.parent / f"{self.directory.name}-corrupt"
 
-    def _set_aside_if_corrupt(self, step: int, what: str, err: Exception) -> tuple[int, str, Path]:
-        """`_set_aside` when `err` proves the step corrupt; else raise `CheckpointReadError` (nothing moved)."""
-        if not proves_corruption(err):
-            raise CheckpointReadError(f"checkpoint step {step} in {self.directory} could not be read "
-                                      f"({type(err).__name__}: {first_line(err)[:200]}); nothing was moved: fix the "
-                                      "cause and resume again") from err
-        return self._set_aside(step, f"{what}: {type(err).__name__}: {first_line(err)}")
-
     def _set_aside(self, step: int, reason: str) -> tuple[int, str, Path]:
-        """Move `step` to `corrupt_dir` (renamed, never deleted; by process 0 alone in a multi-process run);
-        returns (step, reason, where it went)."""
-        dest = self.corrupt_dir / f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        """Move `step` to `corrupt_dir` (renamed, never deleted; by process 0 alone in a multi-process run, the
+        others wait for it), then every process reloads the step list; returns (step, reason, where it went)."""
         if jax.process_index() != 0:
             log.debug("checkpoint step %d does not restore (%s); process 0 moves it", step, reason)
-            return step, reason, dest
-        self.corrupt_dir.mkdir(parents=True, exist_ok=True)
-        suffix = 1
-        while dest.exists():
-            dest = self.corrupt_dir / f"{step}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{suffix}"
-            suffix += 1
-        os.replace(self.directory / str(step), dest)
+            dest = self.corrupt_dir
+        else:
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            self.corrupt_dir.mkdir(parents=True, exist_ok=True)
+            dest = self.corrupt_dir / f"{step}.corrupt-{stamp}"
+            suffix = 1
+            while dest.exists():
+                dest = self.corrupt_dir / f"{step}.corrupt-{stamp}-{suffix}"
+                suffix += 1
+            os.replace(self.directory / str(step), dest)
+            log.debug("set aside checkpoint step %d (%s) to %s", step, reason, dest)
+        _barrier(f"jaxcore: checkpoint step {step} set aside")
         self._manager.reload()
-        log.debug("set aside checkpoint step %d (%s) to %s", step, reason, dest)
         return step, reason, dest
 
     def wait(self) -> None:
@@ -265,6 +308,9 @@ class TrainCheckpointer:
         except Exception as err:  # noqa: BLE001
             if error is None:
                 error = self._write_error(None, err)
+        if self._reader is not None:
+            self._reader, reader = None, self._reader
+            reader.close()
         if error is not None:
             raise error
 
@@ -288,6 +334,53 @@ def check_same_tree(target: Any, restored: Any) -> None:
                              f"expected {list(np.shape(leaf))}")
 
 
+# One process's outcome for one step in `restore_newest`, exchanged with the other processes.
+RESTORED, CORRUPT, REFUSED, FAILED = 0, 1, 2, 3
+_REASON_BYTES = 256       # how much of a reason travels to the other processes (UTF-8)
+
+
+def agree(outcomes: Sequence[int]) -> tuple[str, int | None]:
+    """What every process does with a step, given each process's outcome in process order: ("stop", i) when
+    process i failed for a reason that proves nothing or refused the step (nothing is moved); else ("skip", i)
+    when process i proves it corrupt (process 0 moves it aside, all try the next older step); else
+    ("restore", None). i is the lowest such process."""
+    for action, kinds in (("stop", (FAILED, REFUSED)), ("skip", (CORRUPT,))):
+        for index, outcome in enumerate(outcomes):
+            if outcome in kinds:
+                return action, index
+    return "restore", None
+
+
+def _classify(what: str, err: BaseException) -> tuple[int, str]:
+    """(CORRUPT, reason the step is set aside) when `err` proves corruption, else (FAILED, the error)."""
+    err = _unwrapped(err)
+    if proves_corruption(err):
+        return CORRUPT, f"{what}: {type(err).__name__}: {first_line(err)}"
+    return FAILED, f"{type(err).__name__}: {first_line(err)[:200]}"
+
+
+def _exchange(outcome: int, reason: str) -> list[tuple[int, str]]:
+    """Every process's (outcome, reason) for one step, in process order (an all-gather); in a single-process run
+    this process's alone, without any communication."""
+    if jax.process_count() == 1:
+        return [(outcome, reason)]
+    from jax.experimental import multihost_utils
+
+    text = reason.encode()[:_REASON_BYTES]
+    row = np.zeros(1 + _REASON_BYTES, np.int32)
+    row[0], row[1:1 + len(text)] = outcome, np.frombuffer(text, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(row)).reshape(jax.process_count(), -1)
+    return [(int(r[0]), bytes(r[1:].astype(np.uint8)).rstrip(b"\0").decode(errors="ignore")) for r in rows]
+
+
+def _barrier(name: str) -> None:
+    """Wait until every process gets here (nothing to wait for in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else ""
@@ -298,10 +391,20 @@ _TRANSIENT_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "A
                     "PERMISSION_DENIED", "UNAUTHENTICATED", "INTERNAL", "UNKNOWN")
 
 
+def _unwrapped(err: BaseException) -> BaseException:
+    """The error under orbax's wrappers: orbax raises a bare `Exception` ("Encountered error while reading array
+    index ...") from tensorstore's error when one chunk of an array does not read."""
+    while type(err) is Exception and err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
 def proves_corruption(err: BaseException) -> bool:
     """Whether a failure to read a checkpoint proves it corrupt: unreadable or missing metadata, missing or
-    truncated array files, another tree or shape. Memory, I/O and permission errors (and anything unknown)
-    do not: the same checkpoint may read fine once the cause is fixed."""
+    truncated array files, a chunk that does not decode, another tree or shape. Memory, I/O and permission
+    errors (and anything unknown) do not: the same checkpoint may read fine once the cause is fixed. orbax's
+    bare `Exception` wrapper is judged by the error it wraps."""
+    err = _unwrapped(err)
     if isinstance(err, (json.JSONDecodeError, UnicodeDecodeError, KeyError, FileNotFoundError, NotADirectoryError,
                         IsADirectoryError)):
         return True

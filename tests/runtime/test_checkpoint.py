@@ -528,3 +528,188 @@ def test_orbaxs_collected_reads_are_not_printed(tmp_path, monkeypatch, package, 
     TrainCheckpointer(tmp_path / "ckpt")                  # wraps the hook
     _drop_a_suspended_read(tmp_path / package / "checkpoint")
     assert len(reported) == (0 if dropped else 1)
+
+
+# --------------------------------------------------------------------------- multi-process agreement
+
+
+def test_wrapped_chunk_read_errors_are_judged_by_their_cause():
+    """orbax wraps a chunk that does not read in a bare Exception ("Encountered error while reading array
+    index"); the error under it decides: a chunk that does not decode proves corruption, an unavailable store
+    does not."""
+    from jaxcore.runtime.checkpoint import proves_corruption
+
+    def wrapped(cause: BaseException) -> Exception:
+        err = Exception("Encountered error while reading array index: (slice(0, 259, 1), slice(48, 64, 1)).")
+        err.__cause__ = cause
+        return err
+
+    assert proves_corruption(wrapped(ValueError('FAILED_PRECONDITION: Error reading "params.embed.table/0.3": '
+                                                "ZSTD_decompressStream() failed")))
+    assert not proves_corruption(wrapped(ValueError("UNAVAILABLE: connection reset")))
+    assert not proves_corruption(Exception("no cause"))
+
+
+def test_agree_on_each_processes_outcome():
+    from jaxcore.runtime.checkpoint import CORRUPT, FAILED, REFUSED, RESTORED, agree
+
+    assert agree([RESTORED, RESTORED]) == ("restore", None)
+    assert agree([RESTORED, CORRUPT]) == ("skip", 1)
+    assert agree([CORRUPT, RESTORED]) == ("skip", 0)
+    assert agree([RESTORED, FAILED]) == ("stop", 1)
+    assert agree([CORRUPT, FAILED]) == ("stop", 1)          # a failure that proves nothing wins: nothing moves
+    assert agree([REFUSED, RESTORED]) == ("stop", 0)
+    assert agree([RESTORED]) == ("restore", None)
+
+
+@pytest.fixture
+def small_checkpoints(tmp_path) -> Path:
+    """Steps 0 and 1 of a small state ({"w": [step] * 4}) under tmp_path/ckpt."""
+    import numpy as np
+
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
+
+    ckpt_dir = tmp_path / "ckpt"
+    saver = TrainCheckpointer(ckpt_dir, async_save=False)
+    for step in (0, 1):
+        saver.save(step, {"w": np.full(4, step, np.float32)}, {"epoch": step})
+    saver.close()
+    return ckpt_dir
+
+
+@pytest.mark.parametrize("me", [0, 1], ids=["as-process-0", "as-process-1"])
+@pytest.mark.parametrize("other,expected", [
+    ("restored", "step 1"),
+    ("corrupt", "step 0"),
+    ("failed", "stop"),
+], ids=["ok-ok", "ok-corrupt", "ok-transient"])
+def test_every_process_acts_on_the_outcomes_of_all(small_checkpoints, monkeypatch, caplog, me, other, expected):
+    """Both steps read here; the other process (faked through the exchange) sees step 1 restore, or prove it
+    corrupt, or fail with an I/O error. Every process then restores step 1, or skips it to step 0 (process 0
+    alone moving it), or stops with the other's error and moves nothing."""
+    import numpy as np
+
+    import jaxcore.runtime.checkpoint as checkpoint
+    from jaxcore.runtime.checkpoint import CheckpointReadError, TrainCheckpointer
+
+    theirs = {"restored": (checkpoint.RESTORED, ""),
+              "corrupt": (checkpoint.CORRUPT, "arrays do not restore: ValueError: DATA_LOSS: chunk 3 truncated"),
+              "failed": (checkpoint.FAILED, "OSError: [Errno 5] Input/output error")}[other]
+    seen = []
+
+    def exchange(outcome, reason):
+        seen.append(outcome)
+        other_outcome = theirs if len(seen) == 1 else (checkpoint.RESTORED, "")     # step 0 restores everywhere
+        return [(outcome, reason), other_outcome][::1 if me == 0 else -1]
+
+    monkeypatch.setattr(checkpoint, "_exchange", exchange)
+    monkeypatch.setattr(checkpoint.jax, "process_index", lambda: me)
+    before = digest(small_checkpoints)
+    ckpt = TrainCheckpointer(small_checkpoints)
+    target = {"w": np.zeros(4, np.float32)}
+    try:
+        if expected == "stop":
+            with pytest.raises(CheckpointReadError, match=r"checkpoint step 1 .*Input/output error.*nothing was moved"):
+                ckpt.restore_newest(target)
+            assert digest(small_checkpoints) == before
+            assert not (small_checkpoints.parent / "ckpt-corrupt").exists()
+            return
+        with caplog.at_level(logging.WARNING):
+            state, meta = ckpt.restore_newest(target)
+    finally:
+        ckpt.close()
+    assert seen == ([checkpoint.RESTORED] if expected == "step 1" else [checkpoint.RESTORED] * 2)
+    step = int(expected.split()[1])
+    assert meta["epoch"] == step and np.array_equal(state["w"], np.full(4, step, np.float32))
+    moved = sorted(p.name for p in (small_checkpoints.parent / "ckpt-corrupt").glob("*"))
+    if expected == "step 0":
+        warnings = [r.getMessage() for r in caplog.records if "does not restore" in r.getMessage()]
+        assert len(warnings) == 1 and "chunk 3 truncated" in warnings[0]      # the other process's reason
+        assert len(moved) == (1 if me == 0 else 0), moved                      # process 0 alone moves it
+        assert sorted(p.name for p in small_checkpoints.iterdir() if p.name.isdigit()) == (["0"] if me == 0 else
+                                                                                             ["0", "1"])
+    else:
+        assert moved == [] and digest(small_checkpoints) == before
+
+
+def _corrupt_last_chunk(step_dir: Path, array: str) -> str:
+    """Overwrite with zeros the stored bytes of the last chunk of `array` (e.g. "params.embed.table") in
+    `step_dir`'s OCDBT array store; returns the chunk's key ("params.embed.table/0.7")."""
+    import re
+
+    import tensorstore as ts
+
+    state = step_dir.absolute() / "state"
+    store = ts.KvStore.open(f"file://{state}/").result()
+    root = ts.ocdbt.dump(store).result()["versions"][-1]["root"]["location"]
+    chunks = {e["key"].decode(): e["indirect_value"] for e in ts.ocdbt.dump(store, root).result()["entries"]
+              if e["key"].decode().startswith(f"{array}/") and "indirect_value" in e}
+    key = max(chunks, key=lambda k: tuple(int(i) for i in k.rsplit("/", 1)[1].split(".")))
+    where = re.fullmatch(r"value:(.*?)/?:(d/[0-9a-f]+):(\d+):(\d+)", chunks[key])
+    prefix, name, offset, length = where.group(1), where.group(2), int(where.group(3)), int(where.group(4))
+    with open(state / prefix / name, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\0" * length)
+    return key
+
+
+def es_pair(model: Path, out: Path, *args: str, timeout: float = 120) -> list[tuple[int, str, str]]:
+    """`jaxcore es ARGS` as 2 processes x 2 CPU devices (gloo collectives on loopback), as test_runner's
+    `es_processes`; (exit code, stdout, stderr) of each. Both are killed after `timeout` s: processes that do
+    not agree wait on each other forever."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxcore.cli", "es", *args,
+                               f"distributed.coordinator=localhost:{port}", "distributed.num_processes=2",
+                               f"distributed.process_id={rank}"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    deadline, results = time.time() + timeout, []
+    try:
+        for proc in procs:
+            out_text, err_text = proc.communicate(timeout=max(1.0, deadline - time.time()))
+            results.append((proc.returncode, out_text, err_text))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        hung = [(proc.pid, proc.communicate()[1][-1500:]) for proc in procs]
+        pytest.fail(f"the two processes did not finish in {timeout:.0f} s: {hung}")
+    return results
+
+
+def test_processes_agree_on_a_corruption_only_one_of_them_reads(tiny_dir, tmp_path):
+    """Two processes x two devices with the model axis across them (mesh.model=4): each process reads only
+    its own columns of the embedding. One chunk of the newest checkpoint (columns 48:64, read by process 1
+    alone) is zeroed. Both processes skip that step and resume from the older one, exactly one directory is
+    moved aside (by process 0), and the run ends where the straight run does."""
+    import numpy as np
+    from cli_runs import final_params
+
+    from jaxcore.cli import main
+    from jaxcore.hf.convert import read_safetensors
+
+    model, out = tiny_dir("llama"), tmp_path / "out"
+    rewards = tmp_path / "length_reward.py"          # non-zero and varied on a random model's completions
+    rewards.write_text("def length(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n")
+    args = es_args(model, out, "train.epochs=2", "train.checkpoint_every=1", "train.eval_every=-1", "mesh.model=4",
+                   "es.population=4", "optimizer.learning_rate=0.5", f"rewards.functions=[{rewards}:length]")
+    assert main(["es", *args]) == 0                   # straight run, one process: checkpoints of epochs 0 and 1
+    straight = final_params(out)
+    assert any(not np.array_equal(straight[k], read_safetensors(model)[k]) for k in straight)
+    chunk = _corrupt_last_chunk(ckpt(out) / "1", "params.embed.table")     # its last columns: process 1's
+    results = es_pair(model, out, "--resume", *args)
+    for rank, (code, _, err) in enumerate(results):
+        assert code == 0, (rank, err[-2000:])
+        assert f"resumed from {ckpt(out)} at epoch 0" in err, (rank, err[-2000:])    # the same, older step
+    said = [line for _, _, err in results for line in err.splitlines() if "does not restore" in line]
+    assert len(said) == 2, said                       # each process says it, naming the one that saw it
+    assert all("step 1 does not restore (process 1: arrays do not restore" in line and chunk in line
+               for line in said), said
+    aside = list((out / "checkpoints-corrupt").iterdir())
+    assert len(aside) == 1 and aside[0].name.startswith("1.corrupt-"), aside
+    assert started_from(out) == [1, 2]
+    resumed = final_params(out)
+    for key in straight:
+        np.testing.assert_allclose(resumed[key], straight[key], atol=1e-6, rtol=0, err_msg=key)
