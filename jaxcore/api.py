@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jaxcore.errors import ConfigValueError
 from jaxcore.es.config import ESConfig
 from jaxcore.grpo.config import GRPOConfig
+from jaxcore.rewards.file_tasks import dataset_task
 
 if TYPE_CHECKING:
     from jaxcore.runtime.algorithm import Algorithm
@@ -56,9 +58,7 @@ class _Trainer:
 
     def make_task(self) -> Any:
         """The task: the datasets with the reward functions, or the configured task (rewards replaced)."""
-        from jaxcore.errors import ConfigValueError
-        from jaxcore.rewards.file_tasks import dataset_task
-        from jaxcore.runtime.runner import make_task, with_rewards
+        from jaxcore.runtime.runner import make_task, with_rewards  # lazy: the runner pulls orbax (checkpoints)
 
         functions = self.reward_funcs if self.reward_funcs is not None else list(self.args.rewards.functions)
         weights = self.args.rewards.weights
@@ -75,7 +75,7 @@ class _Trainer:
     def train(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible
         config); returns the summary (eval reward before/after, final_hf, ...)."""
-        from jaxcore.runtime.runner import run_training
+        from jaxcore.runtime.runner import run_training  # lazy: the runner pulls orbax (checkpoints)
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
@@ -90,7 +90,7 @@ class ESTrainer(_Trainer):
 
     @staticmethod
     def algorithm_type() -> type[Algorithm]:
-        from jaxcore.es.algorithm import EggrollAlgorithm
+        from jaxcore.es.algorithm import EggrollAlgorithm  # lazy: the training stack loads on use
 
         return EggrollAlgorithm
 
@@ -102,6 +102,6 @@ class GRPOTrainer(_Trainer):
 
     @staticmethod
     def algorithm_type() -> type[Algorithm]:
-        from jaxcore.grpo.algorithm import GRPOAlgorithm
+        from jaxcore.grpo.algorithm import GRPOAlgorithm  # lazy: pulls orbax (reference-model loading)
 
         return GRPOAlgorithm

@@ -7,7 +7,7 @@ Does what `jaxcore es` does in an epoch, with its own functions: master weights 
 bf16 compute copy re-assembled from them (`compute_model`), the population's generation, then the ES
 update (`es_step`, SGD). Prints tokens/s of the population vs plain generation of the same rows,
 first-call compile times, the device's peak memory, and the memory planner's per-device total for
-exactly this run (`memory_plan.plan_es`, one device: the same figure `jaxcore plan` prints).
+exactly this run (`jaxcore.es.memory.plan_es`, one device: the same figure `jaxcore plan` prints).
 
 The issue's setting (population 64, 16 prompts, 256 new tokens, bf16 masters) does not fit one 80 GB
 H100 per the planner: 102.6 GB at the peak (16.1 GB compute weights + 16.1 GB bf16 masters + the
@@ -40,6 +40,7 @@ from jaxcore.model.config import config_from_hf  # noqa: E402
 from jaxcore.model.transformer import create_model  # noqa: E402
 from jaxcore.parallel import meshes
 from jaxcore.runtime.memory import GB, refusal  # noqa: E402
+from jaxcore.runtime.optim import OptimizerConfig, make_optimizer  # noqa: E402
 from jaxcore.runtime.plan_check import accelerator_memory, parse_bytes  # noqa: E402
 
 
@@ -102,7 +103,7 @@ def main() -> None:
     _, plain_first = timed(lambda: generate(compute, ids, mask, **kw))
     plain, plain_s = timed(lambda: generate(compute, ids, mask, **kw))
     fitness = np.asarray(out.logprobs).sum(1).reshape(args.population, -1).mean(1)
-    optimizer = eggroll.make_optimizer("sgd", 1e-3)
+    optimizer = make_optimizer(OptimizerConfig("sgd"), learning_rate=1e-3)
     opt_state = optimizer.init(eggroll.perturbed_params(masters, plan))
     update_s = []
     for epoch in range(2):                                    # the first includes compilation

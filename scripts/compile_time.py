@@ -32,6 +32,7 @@ from jaxcore.inference.generate import _decode, _prefill, bucket_length, generat
 from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.config import config_from_hf
 from jaxcore.model.transformer import create_model
+from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
 
 
 def model_of_depth(layers: int, hidden: int) -> nnx.Module:
@@ -76,7 +77,7 @@ def measure(layers: int, hidden: int, population: int, prompts: int, prompt_toke
             aot: bool, log: CompileLog) -> dict:
     model = model_of_depth(layers, hidden)
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=population, rank=1, sigma=0.01))
-    optimizer = eggroll.make_optimizer("sgd", 1e-3)
+    optimizer = make_optimizer(OptimizerConfig("sgd"), learning_rate=1e-3)
     opt_state = optimizer.init(eggroll.perturbed_params(model, plan))
     ids = np.random.default_rng(0).integers(3, 259, (population * prompts, prompt_tokens)).astype(np.int32)
     mask = np.ones_like(ids)

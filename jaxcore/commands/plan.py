@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxcore.config.yaml_config import load_config
     from jaxcore.errors import UserError
     from jaxcore.model.config import config_from_hf
-    from jaxcore.runtime.memory import largest_multiple, largest_population, refusal
+    from jaxcore.runtime.memory import refusal
     from jaxcore.runtime.plan_check import hf_config_at, parse_bytes
 
     trainer = trainer_type(args.config, args.overrides)
@@ -78,20 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if reason:
         print(reason)
     out = {**plan.to_json()}
-    if memory is not None:
-        if plan.algorithm == "es":
-            best = largest_population(lambda n: algorithm.memory_plan(cfg, model_cfg, population=n, **common).fits,
-                                      cfg.es.population, args.devices // cfg.mesh.model)
-            print(f"largest population that fits: {best}")
-            out["largest_population"] = best
-        else:
-            g = cfg.rollout.generations_per_prompt
-            split = args.devices * cfg.grpo.generation_steps    # prompts x G rows split over devices x micro-batches
-            step = split // math.gcd(split, g)
-            best = largest_multiple(lambda p: algorithm.memory_plan(cfg, model_cfg, prompts=p, **common).fits,
-                                    cfg.rollout.prompts_per_epoch, step)
-            print(f"largest rollout.prompts_per_epoch that fits: {best}")
-            out["largest_prompts_per_epoch"] = best
+    largest = algorithm.largest_fitting(cfg, model_cfg, **common) if memory is not None else None
+    if largest is not None:
+        setting, best = largest
+        print(f"largest {setting} that fits: {best}")
+        out[f"largest_{setting.rpartition('.')[2]}"] = best           # largest_population, largest_prompts_per_epoch
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -23,9 +23,10 @@ from jaxcore.es.config import ESConfig
 from jaxcore.es.memory import plan_job
 from jaxcore.model.state import flat_state, write_params
 from jaxcore.parallel import meshes, sharding
+from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.rewards import Example, Scorer
 from jaxcore.runtime.algorithm import Algorithm, StepResult
-from jaxcore.runtime.memory import MemoryPlan
+from jaxcore.runtime.memory import MemoryPlan, largest_population
 from jaxcore.runtime.optim import make_optimizer
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 
@@ -42,7 +43,7 @@ def member_fitness(rewards_NPG: np.ndarray, shaping: str) -> np.ndarray:
     return per_prompt_NP.mean(-1)
 
 
-def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = 2**14) -> None:
+def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", min_size: int = SHARD_MIN_SIZE) -> None:
     """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
     each device then updates only its slice, and the optimizer state (initialised from them) follows.
     Leaves already in place (loaded straight into the masters' layout) are left alone, not copied."""
@@ -100,6 +101,13 @@ class EggrollAlgorithm(Algorithm):
     @classmethod
     def device_memory(cls, cfg: ESConfig) -> str:
         return cfg.mesh.device_memory
+
+    @classmethod
+    def largest_fitting(cls, cfg: ESConfig, model_cfg: Any, *, devices: int, **kw: Any) -> tuple[str, int]:
+        """The largest population (pairs over the pop devices) that fits."""
+        best = largest_population(lambda n: cls.memory_plan(cfg, model_cfg, population=n, devices=devices, **kw).fits,
+                                  cfg.es.population, devices // cfg.mesh.model)
+        return "population", best
 
     def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = ()):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg

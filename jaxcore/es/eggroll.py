@@ -36,8 +36,6 @@ from jaxcore.es.population import MemberNoise, perturbed_model
 from jaxcore.model.state import flat_state, variable_at, write_params
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.sharding import factor_specs
-from jaxcore.runtime.optim import OptimizerConfig
-from jaxcore.runtime.optim import make_optimizer as make_optimizer_from
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -252,15 +250,6 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
     for path, target_sharding in out_sharding or ():
         grads[path] = jax.lax.with_sharding_constraint(grads[path], target_sharding)
     return grads
-
-
-def make_optimizer(name: str = "sgd", learning_rate: float | optax.Schedule = 1e-3, *,
-                   weight_decay: float = 0.0, momentum: float | None = None,
-                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
-    """SGD (default), Adam or AdamW by name, at a fixed rate or an optax schedule: the library's one optimiser
-    factory (`jaxcore.runtime.optim.make_optimizer`) with these settings."""
-    cfg = OptimizerConfig(name=name, weight_decay=weight_decay, momentum=momentum, adam_beta1=b1, adam_beta2=b2)
-    return make_optimizer_from(cfg, learning_rate=learning_rate)
 
 
 def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:

@@ -8,8 +8,8 @@ import math
 from jaxcore.es.config import ESConfig
 from jaxcore.inference.generate import bucket_length
 from jaxcore.model.config import ModelConfig
+from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.runtime.memory import (
-    FSDP_MIN_SIZE,
     OPTIMIZER_COPIES,
     MemoryPlan,
     itemsize,
@@ -38,7 +38,7 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
             max_new_tokens: int, devices: int, model_axis: int = 1, compute_dtype: str = "float32",
             master_dtype: str = "float32", optimizer: str = "sgd", momentum: bool = False,
             targets: tuple[str, ...] | None = None, device_memory: float | None = None,
-            shard_min_size: int = FSDP_MIN_SIZE) -> MemoryPlan:
+            shard_min_size: int = SHARD_MIN_SIZE) -> MemoryPlan:
     """The per-device memory of one ES epoch; `targets` are the perturbed paths (default: every matrix
     but the embedding and the LM head, as EGGROLL's defaults); leaves under `shard_min_size` elements
     keep replicated masters (mesh.shard_min_size)."""

@@ -14,6 +14,7 @@ uses), else the learner's temperature-scaled forward at rollout time.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from jaxcore.grpo.advantages import compute_advantages, reward_metrics
 from jaxcore.grpo.config import GRPOConfig
-from jaxcore.grpo.learner import GRPOLearner
+from jaxcore.grpo.learner import GRPOLearner, finite
 from jaxcore.grpo.memory import plan_job
 from jaxcore.grpo.step import GRPOBatch, TrainState, build_batch, rollout_metrics
 from jaxcore.hf.model_checkpoint import load_any
@@ -30,7 +31,7 @@ from jaxcore.inference.generate import GenerationResult, bucket_length, pad_left
 from jaxcore.parallel import meshes, rows, sharding
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.algorithm import Algorithm, StepResult
-from jaxcore.runtime.memory import MemoryPlan
+from jaxcore.runtime.memory import MemoryPlan, largest_multiple
 from jaxcore.runtime.rollout import RowScores, encode_rollout_prompts, sample, score_rows
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,6 @@ def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray
     if fallback is None or not any(scores.failures.values()):
         rewards_B = np.where(all_none_B, np.nan, rewards_B)
     return rewards_B
-
-
-def finite(step: dict[str, float]) -> bool:
-    """Whether an optimiser step's loss and gradient norm are finite (the learner skipped it if not)."""
-    return bool(np.isfinite(step["loss"]) and np.isfinite(step["grad_norm"]))
 
 
 def mean_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -95,6 +91,15 @@ class GRPOAlgorithm(Algorithm):
     @classmethod
     def memory_plan(cls, cfg: GRPOConfig, model_cfg: Any, **kw: Any) -> MemoryPlan:
         return plan_job(cfg, model_cfg, **kw)
+
+    @classmethod
+    def largest_fitting(cls, cfg: GRPOConfig, model_cfg: Any, *, devices: int, **kw: Any) -> tuple[str, int]:
+        """The largest rollout.prompts_per_epoch that fits (its P x G rows split over devices x micro-batches)."""
+        split = devices * cfg.grpo.generation_steps
+        step = split // math.gcd(split, cfg.rollout.generations_per_prompt)
+        best = largest_multiple(lambda p: cls.memory_plan(cfg, model_cfg, prompts=p, devices=devices, **kw).fits,
+                                cfg.rollout.prompts_per_epoch, step)
+        return "rollout.prompts_per_epoch", best
 
     def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = ()):
         cfg.validate()
@@ -196,7 +201,7 @@ class GRPOAlgorithm(Algorithm):
         advantages_B = np.asarray(compute_advantages(rewards_B, g, scale))
         batch = self.make_batch(ids, mask, result, advantages_B)
         scored = time.perf_counter()
-        steps = self.update(batch)                 # host floats: every step has finished
+        steps = self.learner.train_on_rollout(batch)   # host floats; stops at the first non-finite step
         ended = time.perf_counter()
 
         rollout = rollout_metrics(batch)
@@ -212,15 +217,3 @@ class GRPOAlgorithm(Algorithm):
             return StepResult(metrics, skipped=True, reason=f"non-finite loss or grad norm in optimiser step "
                                                             f"{len(steps)} of this rollout{applied}")
         return StepResult(metrics)
-
-    def update(self, batch: GRPOBatch) -> list[dict[str, float]]:
-        """`num_iterations` passes of the rollout's optimiser steps, stopping at the first non-finite one
-        (which `GRPOLearner` does not apply)."""
-        batches, num_items = self.learner.step_batches(self.learner.prepare(batch))
-        steps: list[dict[str, float]] = []
-        for _ in range(self.cfg.grpo.num_iterations):
-            for step_batch in batches:
-                steps.append(self.learner.step(step_batch, num_items))
-                if not finite(steps[-1]):
-                    return steps
-        return steps

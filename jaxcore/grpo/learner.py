@@ -6,10 +6,10 @@
 
 One rollout is split into `steps_per_generation / gradient_accumulation_steps` optimiser steps
 (strided row slices), and the whole split is passed over `num_iterations` times, as TRL's buffered
-generation batch is; old log-probs are stored before the first step whenever a step can see a
-policy other than the one that sampled (`cfg.old_logp_source`). With `cfg.grpo.lora`, the trainable
-parameters are only the adapters (`jaxcore.model.lora`) over the frozen base, and the reference model is
-that base (no copy).
+generation batch is, stopping at the first non-finite step (not applied); old log-probs are stored before
+the first step whenever a step can see a policy other than the one that sampled (`cfg.old_logp_source`).
+With `cfg.grpo.lora`, the trainable parameters are only the adapters (`jaxcore.model.lora`) over the frozen
+base, and the reference model is that base (no copy).
 With `sync_ref_model`, every `ref_model_sync_steps` optimiser steps the reference parameters become
 alpha * policy + (1 - alpha) * reference (TRL's SyncRefModelCallback).
 """
@@ -39,6 +39,7 @@ from jaxcore.grpo.step import (
 from jaxcore.hf import peft
 from jaxcore.model import lora
 from jaxcore.model.transformer import Transformer
+from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import BATCH_AXES, FSDP, replicated
 from jaxcore.parallel.sharding import fsdp_shardings, optimizer_state_shardings
 from jaxcore.runtime.optim import make_optimizer
@@ -71,7 +72,7 @@ class GRPOLearner:
 
     def __init__(self, model: Transformer, cfg: GRPOConfig, *, mesh: Mesh | None = None,
                  ref_model: RefModel = None, compute_dtype: str | None = None, remat: bool | None = None,
-                 fsdp_min_size: int = 2**14):
+                 fsdp_min_size: int = SHARD_MIN_SIZE):
         self.cfg, self.mesh = cfg, mesh
         g = cfg.grpo
         model = configure_model(model, compute_dtype, remat)
@@ -212,6 +213,18 @@ class GRPOLearner:
         self.ref = graphdef, self._mix(params, self.state.params, cfg.ref_model_mixup_alpha), rest
 
     def train_on_rollout(self, batch: GRPOBatch) -> list[dict[str, float]]:
-        """`num_iterations` passes of `steps_per_rollout` optimiser steps over one rollout."""
+        """`num_iterations` passes of `steps_per_rollout` optimiser steps over one rollout, stopping at the
+        first non-finite one (which `step` does not apply; it is the last in the returned metrics)."""
         batches, num_items = self.step_batches(self.prepare(batch))
-        return [self.step(b, num_items) for _ in range(self.cfg.grpo.num_iterations) for b in batches]
+        steps: list[dict[str, float]] = []
+        for _ in range(self.cfg.grpo.num_iterations):
+            for step_batch in batches:
+                steps.append(self.step(step_batch, num_items))
+                if not finite(steps[-1]):
+                    return steps
+        return steps
+
+
+def finite(step: dict[str, float]) -> bool:
+    """Whether an optimiser step's loss and gradient norm are finite (the learner skipped it if not)."""
+    return bool(np.isfinite(step["loss"]) and np.isfinite(step["grad_norm"]))

@@ -28,6 +28,7 @@ from jaxcore.hf.convert import (
     Shardings,
     atomic_directory,
     copy_tokenizer_files,
+    load_hf,
     load_params_into,
     sharding_function,
 )
@@ -129,8 +130,6 @@ def load_any(path: str | os.PathLike, dtype: str | Any = "float32", *, remat: bo
              param_dtype: str | Any = "float32", shardings: Shardings = None) -> tuple[Transformer, Path | None]:
     """Load an HF directory or a jaxcore checkpoint; returns (model, tokenizer directory or None).
     With `shardings`, every parameter is read straight into its sharding (see `load_hf`, `load_model`)."""
-    from jaxcore.hf.convert import load_hf
-
     path = Path(path)
     options = {"remat": remat, "param_dtype": param_dtype, "shardings": shardings}
     if (path / "jaxcore.json").is_file():

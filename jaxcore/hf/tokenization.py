@@ -67,7 +67,8 @@ def encode_prompts_limited(tokenizer: Any, prompts: Sequence[str], limit: Prompt
 
 
 def rollout_prompt_limit(rollout: Any, model_config: Any) -> PromptLimit:
-    """The `PromptLimit` of a training config's rollout section for a model."""
+    """The `PromptLimit` of prompt-limit settings (`runtime.config.PromptLimitConfig`, e.g. a training config's
+    rollout section) for a model."""
     return PromptLimit(model_config.max_position_embeddings, rollout.max_prompt_length, rollout.truncate_prompts)
 
 

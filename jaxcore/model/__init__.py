@@ -2,7 +2,8 @@
 config (`config`), the NNX module with its KV cache (`transformer`), parameters by dotted path (`state`) and
 LoRA as a transformation over the unchanged model (`lora`).
 
-May import: `jaxcore.errors` and `jaxcore.config` only; every other package builds on this one.
+May import: the layers below it in the import-linter contract (`jaxcore.config`, `jaxcore.rewards`,
+`jaxcore.errors`); every other package builds on this one.
 """
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+# Leaves with fewer elements stay replicated when masters, optimizer state or FSDP parameters are sharded
+# (`mesh.shard_min_size`, `jaxcore.parallel.sharding`, the GRPO learner and the memory plans).
+SHARD_MIN_SIZE = 2**14
+
 
 @dataclasses.dataclass
 class DistributedConfig:
@@ -20,4 +24,4 @@ class MeshConfig:
 
     model: int = 1                      # devices that shard each compute weight; "pop" gets the rest
     device_memory: str = ""             # e.g. "40GB": checked against the memory plan (GPUs: read from the device)
-    shard_min_size: int = 2**14         # master/optimizer-state leaves with fewer elements stay replicated
+    shard_min_size: int = SHARD_MIN_SIZE  # master/optimizer-state leaves with fewer elements stay replicated

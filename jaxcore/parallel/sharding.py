@@ -13,12 +13,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import MODEL, POP, replicated
 
 log = logging.getLogger(__name__)
 
 
-def fsdp_spec(shape: tuple[int, ...], axis: str, axis_size: int, min_size: int = 2**14) -> P:
+def fsdp_spec(shape: tuple[int, ...], axis: str, axis_size: int, min_size: int = SHARD_MIN_SIZE) -> P:
     """Shard the largest dimension divisible by the axis size; small arrays stay replicated."""
     if math.prod(shape) < min_size or axis_size == 1:
         return P()
@@ -30,7 +31,7 @@ def fsdp_spec(shape: tuple[int, ...], axis: str, axis_size: int, min_size: int =
     return P()
 
 
-def fsdp_shardings(tree: Any, mesh: Mesh, axis: str, min_size: int = 2**14) -> Any:
+def fsdp_shardings(tree: Any, mesh: Mesh, axis: str, min_size: int = SHARD_MIN_SIZE) -> Any:
     """NamedShardings that FSDP-shard every large leaf of `tree` over `axis`."""
     size = mesh.shape[axis]
     return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(tuple(x.shape), axis, size, min_size)), tree)
@@ -83,7 +84,7 @@ def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size
 
 
 def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_size: int,
-                     min_size: int = 2**14) -> P:
+                     min_size: int = SHARD_MIN_SIZE) -> P:
     """fp32 masters and optimizer state on a (pop, model) mesh of `pop_size * model_size` devices.
 
     A weight with a tensor-parallel dimension is split along it over "model" exactly as its compute copy
@@ -114,7 +115,7 @@ def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_siz
     return P(*dims)
 
 
-def master_spec(path: str, shape: tuple[int, ...], mesh: Mesh, min_size: int = 2**14) -> P:
+def master_spec(path: str, shape: tuple[int, ...], mesh: Mesh, min_size: int = SHARD_MIN_SIZE) -> P:
     """`master_partition` on an ES mesh (`es_mesh`)."""
     return master_partition(path, shape, mesh.shape[POP], mesh.shape[MODEL], min_size)
 
@@ -187,13 +188,13 @@ def gathered_model(model: Any) -> Any:
 # ----------------------------------------------------------------------------- loading into shardings
 
 
-def master_shardings(mesh: Mesh, min_size: int = 2**14) -> Any:
+def master_shardings(mesh: Mesh, min_size: int = SHARD_MIN_SIZE) -> Any:
     """(path, shape) -> the master weights' NamedSharding on `mesh` (`master_spec`): pass as
     `load_hf(..., shardings=)` / `load_model(..., shardings=)` to load straight into the ES masters' layout."""
     return lambda path, shape: NamedSharding(mesh, master_spec(path, tuple(shape), mesh, min_size))
 
 
-def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = 2**14) -> Any:
+def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = SHARD_MIN_SIZE) -> Any:
     """(path, shape) -> the NamedSharding `fsdp_shardings` gives a leaf of that shape (GRPO's `fsdp`)."""
     return lambda path, shape: NamedSharding(mesh, fsdp_spec(tuple(shape), axis, mesh.shape[axis], min_size))
 

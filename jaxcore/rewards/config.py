@@ -17,7 +17,7 @@ class TaskConfig:
 
 @dataclasses.dataclass
 class RewardsConfig:
-    """The `rewards:` section."""
+    """The `rewards:` section. `num_workers`, `timeout_s` and `fallback` are also the `Scorer`'s defaults."""
 
     # Replace the task's rewards: "file.py:fn", "package.module:fn" (TRL's signature), "model:DIR" (a local
     # sequence-classification reward model) or a built-in name; weights default to 1.0 each.

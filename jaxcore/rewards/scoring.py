@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxcore.rewards.config import RewardsConfig
 from jaxcore.rewards.types import Example, RewardFn
 from jaxcore.rewards.workers import Outcome, WorkerPool, one_line
 
@@ -73,9 +74,9 @@ class Scorer:
         reward_fns: Mapping[str, RewardFn],
         weights: Mapping[str, float] | None = None,
         *,
-        num_workers: int = 0,
-        timeout_s: float = 30.0,
-        fallback: float | None = 0.0,
+        num_workers: int = RewardsConfig.num_workers,
+        timeout_s: float = RewardsConfig.timeout_s,
+        fallback: float | None = RewardsConfig.fallback,
         chunk_size: int | None = None,
         start_method: str = "spawn",
     ) -> None:
@@ -175,19 +176,9 @@ def score(
     examples: Sequence[Example],
     reward_fns: Mapping[str, RewardFn],
     weights: Mapping[str, float] | None = None,
-    *,
-    num_workers: int = 0,
-    timeout_s: float = 30.0,
-    fallback: float | None = 0.0,
-    chunk_size: int | None = None,
+    **options: Any,
 ) -> ScoreResult:
-    """One-shot :class:`Scorer` (starts and stops workers each call)."""
-    with Scorer(
-        reward_fns,
-        weights,
-        num_workers=num_workers,
-        timeout_s=timeout_s,
-        fallback=fallback,
-        chunk_size=chunk_size,
-    ) as scorer:
+    """One-shot :class:`Scorer` (starts and stops workers each call); ``options`` are the Scorer's
+    (``num_workers``, ``timeout_s``, ``fallback``, ``chunk_size``, ...)."""
+    with Scorer(reward_fns, weights, **options) as scorer:
         return scorer.score(completions, examples)

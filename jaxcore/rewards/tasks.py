@@ -53,6 +53,11 @@ class Task(Protocol):
         """``n`` examples of ``split`` ("train" or "eval"), deterministic for ``seed``."""
         ...
 
+    def num_examples(self, split: str) -> int | None:
+        """How many examples ``split`` holds (a dataset's size), or None when any number can be drawn (a
+        generator): evaluation then uses at most that many."""
+        ...
+
 
 def check_split(split: str, n: int) -> None:
     """Raise ValueError for an unknown split or a negative count."""
@@ -84,6 +89,11 @@ class ProceduralTask:
             raise ValueError(
                 f"{self.name}: eval_fraction must be in (0, 1), got {self.eval_fraction}"
             )
+
+    def num_examples(self, split: str) -> None:
+        """None: a generator draws as many examples as asked."""
+        check_split(split, 0)
+        return None
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """Draw until ``n`` examples of ``split``'s partition are found."""

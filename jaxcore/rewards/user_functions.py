@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxcore.errors import RewardFunctionError  # noqa: F401  (re-exported: its old home)
+from jaxcore.rewards.registry import REWARDS
+from jaxcore.rewards.scoring import to_values
 from jaxcore.rewards.types import Example, RewardFn, TaskError
 from jaxcore.rewards.workers import one_line
 
@@ -193,6 +195,7 @@ class RewardModel:
                 raise RewardFunctionError(f"reward model {self.path}: no config.json there (expected a local "
                                           "AutoModelForSequenceClassification directory)")
             try:
+                # lazy: transformers loads only when a reward model is used (keeps jaxcore.rewards light)
                 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
@@ -226,7 +229,7 @@ class RewardModel:
         return out
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
-        import torch
+        import torch  # lazy: only a reward model needs torch (keeps jaxcore.rewards light)
 
         model, tokenizer = self.load()
         texts, rewards = self.texts(completions, examples), []
@@ -250,8 +253,6 @@ def function_name(spec: str | Callable[..., Any]) -> str:
 def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequence[float] | None = None,
                     columns: Sequence[str] = ()) -> tuple[dict[str, RewardFn], dict[str, float]]:
     """Reward fns and weights from specs or callables (file/module specs, `model:PATH`, built-in names)."""
-    from jaxcore.rewards.registry import REWARDS
-
     if not functions:
         raise RewardFunctionError("rewards.functions is empty")
     if weights is not None and len(weights) != len(functions):
@@ -287,8 +288,6 @@ def probe_rewards(fns: dict[str, RewardFn], examples: Sequence[Example]) -> None
     """Call each user function and reward model once on empty completions: a wrong count or a non-number
     return is a one-line `RewardFunctionError` before any training starts. A crash is only logged (one
     line): a real function may assume a real completion (`re.search(...).group(1)`)."""
-    from jaxcore.rewards.scoring import to_values
-
     completions = [Completion("") for _ in examples]
     for name, fn in fns.items():
         if not isinstance(fn, (TRLReward, RewardModel)):

@@ -51,6 +51,13 @@ class Algorithm(abc.ABC):
         """A configured per-device memory to plan against ("" = the accelerator's own limit)."""
         return ""
 
+    @classmethod
+    def largest_fitting(cls, cfg: Any, model_cfg: Any, *, devices: int, device_memory: float | None = None,
+                        prompt_tokens: int | None = None) -> tuple[str, int] | None:
+        """The setting `jaxcore plan` sizes to the device memory, as it names it, and its largest value whose
+        memory plan fits (0 if none); None when the algorithm sizes nothing."""
+        return None
+
     # -- asked of the instance, during the run -------------------------------------------------------
 
     model: Any

@@ -19,17 +19,25 @@ class ModelSource:
 
 
 @dataclasses.dataclass
-class RolloutConfig(SamplingConfig):
+class PromptLimitConfig:
+    """How long a prompt may be (`hf.tokenization.rollout_prompt_limit`): the rollout's prompt limits, also
+    those of torchref's RFT engines."""
+
+    max_prompt_length: int | None = None  # prompt tokens kept (None: the model's positions)
+    truncate_prompts: bool = True       # longer prompts: keep the last tokens (warned, counted) or refuse
+
+
+@dataclasses.dataclass
+class RolloutConfig(SamplingConfig, PromptLimitConfig):
     """The `rollout:` section: the sampling settings (temperature, top_k, top_p, min_p), prompts per epoch,
-    completions per prompt and prompt limits. ES rolls out greedily by default, GRPO at temperature 1."""
+    completions per prompt and prompt limits (max_prompt_length, truncate_prompts). ES rolls out greedily by
+    default, GRPO at temperature 1."""
 
     prompts_per_epoch: int = 32
     generations_per_prompt: int = 1
     max_new_tokens: int = 16
     chat_template: bool = False
     system_prompt: str | None = None
-    max_prompt_length: int | None = None  # prompt tokens kept (None: the model's positions)
-    truncate_prompts: bool = True       # longer prompts: keep the last tokens (warned, counted) or refuse
 
 
 @dataclasses.dataclass

@@ -38,13 +38,19 @@ import functools
 import math
 from typing import Any
 
+import jax.numpy as jnp
+
 from jaxcore.errors import UserError
 from jaxcore.model.config import ModelConfig
+from jaxcore.model.state import flat_state
+from jaxcore.model.transformer import abstract_model
+from jaxcore.parallel.config import SHARD_MIN_SIZE
+from jaxcore.parallel.meshes import MODEL, POP
+from jaxcore.parallel.sharding import fsdp_spec, master_partition, tensor_parallel_spec
 
 GB = 1e9
 DEFAULT_PROMPT_TOKENS = 128
 OPTIMIZER_COPIES = {"sgd": 0, "adam": 2, "adamw": 2}
-FSDP_MIN_SIZE = 2**14          # shard_masters / GRPOLearner: smaller leaves stay replicated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,16 +122,11 @@ class MemoryPlan:
 @functools.lru_cache(maxsize=8)
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's shape (abstract model: no arrays are allocated)."""
-    from jaxcore.model.state import flat_state
-    from jaxcore.model.transformer import abstract_model
-
     return {k: tuple(v.shape) for k, v in flat_state(abstract_model(cfg)).items()}
 
 
 def split_divisors(path: str, shape: tuple[int, ...], m: int) -> tuple[int, int]:
     """(input, output) divisors of a weight over the model axis (its tensor-parallel spec)."""
-    from jaxcore.parallel.sharding import tensor_parallel_spec
-
     spec = tuple(tensor_parallel_spec(path, shape, "model", m)) + (None, None)
     return (m if spec[0] else 1), (m if spec[1] else 1)
 
@@ -139,23 +140,16 @@ def spec_divisors(spec: Any, ndim: int, axis_sizes: dict[str, int]) -> tuple[int
 
 def fsdp_bytes(shape: tuple[int, ...], size: int, itemsize: float) -> float:
     """Bytes per device of a leaf FSDP-sharded over `size` devices (`sharding.fsdp_spec`)."""
-    from jaxcore.parallel.sharding import fsdp_spec
-
-    divisors = spec_divisors(fsdp_spec(shape, "x", size, FSDP_MIN_SIZE), len(shape), {"x": size})
+    divisors = spec_divisors(fsdp_spec(shape, "x", size, SHARD_MIN_SIZE), len(shape), {"x": size})
     return math.prod(shape) * itemsize / math.prod(divisors)
 
 
 def master_divisors(path: str, shape: tuple[int, ...], pop: int, m: int, min_size: int) -> tuple[int, ...]:
     """Per-dimension divisors of an ES master on a (pop, model) mesh (`sharding.master_partition`)."""
-    from jaxcore.parallel.meshes import MODEL, POP
-    from jaxcore.parallel.sharding import master_partition
-
     return spec_divisors(master_partition(path, shape, pop, m, min_size), len(shape), {POP: pop, MODEL: m})
 
 
 def itemsize(dtype: str, key: str) -> int:
-    import jax.numpy as jnp
-
     try:
         return jnp.dtype(dtype).itemsize
     except TypeError:

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from jaxcore.errors import UserError
-from jaxcore.model.config import ModelConfig
+from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.memory import DEFAULT_PROMPT_TOKENS, refusal
 
@@ -48,8 +50,6 @@ def hf_config_at(path: str | Path) -> dict[str, Any] | None:
 
 def accelerator_memory() -> float | None:
     """The first local accelerator's memory limit (None on CPU backends)."""
-    import jax
-
     if jax.default_backend() == "cpu":
         return None
     return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
@@ -61,10 +61,6 @@ def check_fits(job_cfg: Any, algorithm: type[Algorithm], model_cfg: ModelConfig 
     config (`model_cfg`, else model.path's config.json) and the job config, so it runs before any weight is
     read. Device memory: the algorithm's configured one (ES: `mesh.device_memory`), else the accelerator's
     own limit; CPU backends are not checked otherwise."""
-    import jax
-
-    from jaxcore.model.config import ConfigError, config_from_hf
-
     configured = algorithm.device_memory(job_cfg)
     memory = parse_bytes(configured) if configured else accelerator_memory()
     divisor = algorithm.mesh_divisor(job_cfg)[1]

@@ -25,18 +25,24 @@ from typing import Any
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from jaxcore.config.yaml_config import to_dict
-from jaxcore.errors import TaskConfigError, TrainingError  # noqa: F401  (re-exported)
-from jaxcore.hf.tokenization import PromptLimit, decode_completions, encode_prompts_limited, rollout_prompt_limit
-from jaxcore.inference.generate import generate
+from jaxcore.errors import TaskConfigError, TrainingError, UserError  # noqa: F401  (re-exported)
+from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is looked up at call time
+from jaxcore.hf.convert import save_hf
 from jaxcore.model.state import weight_moments
 from jaxcore.parallel import sharding
+from jaxcore.parallel.meshes import maybe_initialize_distributed
 from jaxcore.parallel.rows import gather_rows
-from jaxcore.rewards import Example, Scorer, TaskError, get_task
+from jaxcore.rewards import Example, Scorer, Task, TaskError, get_task
+from jaxcore.rewards.user_functions import task_with_rewards
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
-from jaxcore.runtime.metrics import MetricsLogger, plot_rewards
+from jaxcore.runtime.config import RolloutConfig
+from jaxcore.runtime.metrics import MetricsLogger, plot_rewards, read_metrics
+from jaxcore.runtime.plan_check import check_fits
+from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
 
 log = logging.getLogger(__name__)
@@ -72,34 +78,37 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
-def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, *, max_new_tokens: int,
-             batch_size: int, chat_template: bool = False, system: str | None = None,
-             eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
-             prompt_limit: PromptLimit | None = None) -> dict[str, Any]:
+def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, rollout: RolloutConfig, *,
+             batch_size: int, eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None) -> dict[str, Any]:
     """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
 
-    With `row_sharding` (e.g. replicated over a multi-process mesh) the batch lives on that mesh.
+    The rollout's pieces (`jaxcore.runtime.rollout`): prompts encoded under the rollout's limits, `sample`d
+    greedily, `score_rows` (each process scores the rows it owns). With `row_sharding` (e.g. rows over a mesh
+    axis, or replicated over a multi-process mesh) the batch lives on that mesh.
     """
-    texts: list[str] = []
+    rewards: list[np.ndarray] = []
+    per_function: dict[str, list[np.ndarray]] = {name: [] for name in scorer.reward_fns}
+    samples: list[dict[str, str]] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        ids, mask, _ = encode_prompts_limited(tokenizer, [e.prompt for e in chunk],
-                                              prompt_limit or PromptLimit(model.config.max_position_embeddings),
-                                              max_new_tokens, chat_template=chat_template, system=system)
         count = len(chunk)
-        pad = -count % _row_shards(row_sharding)    # rows sharded over k devices: a multiple of k (repeat the last)
-        ids, mask = np.concatenate([ids, ids[-1:].repeat(pad, 0)]), np.concatenate([mask, mask[-1:].repeat(pad, 0)])
-        result = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0,
-                          eos_token_ids=eos_token_ids, pad_token_id=tokenizer.pad_token_id,
-                          row_sharding=row_sharding)
-        texts.extend(decode_completions(tokenizer, gather_rows(result.tokens)[:count],
-                                        gather_rows(result.lengths)[:count]))
-    scores = scorer.score(texts, examples)
-    out: dict[str, Any] = {"eval/reward": float(scores.rewards_B.mean())}
-    for name, values in scores.per_function.items():
-        out[f"eval/rewards/{name}/mean"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
-    out["eval/samples"] = [{"prompt": e.prompt, "completion": t} for e, t in list(zip(examples, texts))[:3]]
-    return out
+        rows = chunk + chunk[-1:] * (-count % _row_shards(row_sharding))   # a multiple of the row shards
+        ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
+        result = sample(model, ids, mask, rollout, key=None, eos_token_ids=eos_token_ids,
+                        pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
+        scores = score_rows(result, rows, tokenizer, scorer)
+        rewards.append(scores.rewards_B[:count])
+        for name, values in scores.per_function.items():
+            per_function[name].append(values[:count])
+        if len(samples) < 3:
+            shown = min(3 - len(samples), count)
+            texts = tokenization.decode_completions(tokenizer, gather_rows(result.tokens)[:shown],
+                                                    gather_rows(result.lengths)[:shown])
+            samples.extend({"prompt": e.prompt, "completion": t} for e, t in zip(chunk, texts))
+    rewards_B = np.concatenate(rewards).astype(np.float32) if rewards else np.zeros(0, np.float32)
+    means = function_means({name: np.concatenate(v) if v else np.zeros(0) for name, v in per_function.items()})
+    return {"eval/reward": float(rewards_B.mean()), **{f"eval/rewards/{name}/mean": m for name, m in means.items()},
+            "eval/samples": samples}
 
 
 def _row_shards(row_sharding: Any) -> int:
@@ -133,15 +142,13 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
 def with_rewards(task: Any, functions: Sequence[Any], weights: Sequence[float] | None) -> Any:
     """`task` scored by `functions` instead of its own rewards (checked and probed first; see
     `jaxcore.rewards.user_functions`)."""
-    from jaxcore.rewards.user_functions import task_with_rewards
-
     return task_with_rewards(task, functions, weights)
 
 
 class Runner:
     """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
 
-    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Any, *,
+    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Task, *,
                  eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None,
                  base_weights: dict[str, list[float]] | None = None):
         self.cfg = cfg
@@ -155,8 +162,9 @@ class Runner:
         self.is_main = jax.process_index() == 0
         self.checkpointer = TrainCheckpointer(self.out_dir / "checkpoints", max_to_keep=cfg.train.max_to_keep)
         eval_prompts = cfg.train.eval_prompts
-        if hasattr(task, "num_examples") and task.num_examples("eval") < eval_prompts:
-            eval_prompts = task.num_examples("eval")       # a dataset's whole eval split
+        available = task.num_examples("eval")          # None: a generator, any number
+        if available is not None and available < eval_prompts:
+            eval_prompts = available                      # a dataset's whole eval split
             log.info("evaluating on all %d eval examples of %s", eval_prompts, task.name)
         self.eval_examples = self.task.examples("eval", eval_prompts, EVAL_SEED)   # the same for every train.seed
 
@@ -185,11 +193,9 @@ class Runner:
     def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
         t = self.cfg.train
         model = self.algorithm.eval_model()
-        return evaluate(model, self.tokenizer, self.eval_examples, scorer,
-                        max_new_tokens=self.cfg.rollout.max_new_tokens, batch_size=t.eval_batch_size,
-                        chat_template=self.cfg.rollout.chat_template, system=self.cfg.rollout.system_prompt,
-                        eos_token_ids=self.eos_token_ids, row_sharding=self.algorithm.eval_sharding,
-                        prompt_limit=rollout_prompt_limit(self.cfg.rollout, self.algorithm.model.config))
+        return evaluate(model, self.tokenizer, self.eval_examples, scorer, self.cfg.rollout,
+                        batch_size=t.eval_batch_size, eos_token_ids=self.eos_token_ids,
+                        row_sharding=self.algorithm.eval_sharding)
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
@@ -215,8 +221,6 @@ class Runner:
                                tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
         summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
         bad_steps = 0
-        from tqdm import tqdm
-
         bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
         with self._scorer() as scorer, StopSignal() as stop:
@@ -271,8 +275,6 @@ class Runner:
     @staticmethod
     def _evals_before_and_after(metrics_path: Path) -> tuple[float | None, float | None]:
         """(held-out reward before training, i.e. logged at step 0, or None; the last one logged, or None)."""
-        from jaxcore.runtime.metrics import read_metrics
-
         evals = [(r["step"], r["eval/reward"]) for r in read_metrics(metrics_path) if "eval/reward" in r]
         before = next((reward for step, reward in evals if step == 0), None)
         return before, (evals[-1][1] if evals else None)
@@ -318,8 +320,6 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
     grpo`; bad input (no model path, no tokenizer, an algorithm setting the algorithm rejects with
     ValueError) is a one-line `UserError`.
     """
-    from jaxcore.parallel.meshes import maybe_initialize_distributed
-
     d = cfg.distributed
     if d.coordinator:                           # first: the lock's name depends on the process index
         maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
@@ -333,12 +333,6 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
                        tokenizer_dir: str | None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
-    from jaxcore.errors import UserError
-    from jaxcore.hf.convert import save_hf
-    from jaxcore.hf.model_checkpoint import load_any
-    from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
-    from jaxcore.runtime.plan_check import check_fits
-
     if not resume:
         refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
     task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
@@ -349,14 +343,14 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
     if model is None:
         if not cfg.model.path:
             raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
-        model, tok_dir = load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
-                                  **algorithm_type.load_targets(cfg))      # each weight read straight into its shard
+        model, tok_dir = model_checkpoint.load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
+                                                   **algorithm_type.load_targets(cfg))   # each weight into its shard
     else:
         tok_dir = tokenizer_dir or cfg.model.path or None
     if tok_dir is None:
         raise UserError(f"{cfg.model.path}: no tokenizer files")
-    tokenizer = load_tokenizer(tok_dir)
-    eos = eos_token_ids(tokenizer, model.config.hf_config)
+    tokenizer = tokenization.load_tokenizer(tok_dir)
+    eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
     base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
     try:
         algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos)

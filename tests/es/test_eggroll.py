@@ -10,6 +10,7 @@ from jaxcore.es import eggroll
 from jaxcore.inference.generate import _decode, generate
 from jaxcore.model.state import flat_state
 from jaxcore.parallel import meshes, sharding
+from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def train_two_epochs(path, devices):
     rows = meshes.leading_axis(mesh, "pop")
     cfg = eggroll.EggrollConfig(population=16, rank=1, sigma=0.05, seed=1)
     plan = eggroll.make_plan(model, cfg)
-    optimizer = eggroll.make_optimizer("sgd", 0.025)
+    optimizer = make_optimizer(OptimizerConfig("sgd"), learning_rate=0.025)
     opt_state = optimizer.init(eggroll.perturbed_params(model, plan))
     rng = np.random.default_rng(0)
     ids = np.repeat(rng.integers(3, 200, (2, 6)), 16, axis=0)      # 16 members x 2 prompts

@@ -25,6 +25,7 @@ from jaxcore.es import eggroll
 from jaxcore.es.algorithm import member_fitness
 from jaxcore.es.config import ESConfig
 from jaxcore.model.state import variable_at
+from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +80,7 @@ def test_countdown_sgd_step_has_qius_per_weight_rms(tiny_dir):
     model = jaxcore.load_hf(tiny_dir("llama"))
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=es.population, rank=es.rank, sigma=es.sigma,
                                                           seed=cfg.train.seed))
-    optimizer = eggroll.make_optimizer(cfg.optimizer.name, alpha)
+    optimizer = make_optimizer(OptimizerConfig(cfg.optimizer.name), learning_rate=alpha)
     before = eggroll.perturbed_params(model, plan)
     opt_state = optimizer.init(before)
     rng = np.random.default_rng(0)          # countdown's reward values: 0, 0.1 (format) or 1.1 (format + answer)
@@ -144,7 +145,7 @@ def test_reference_lr_translates_as_lr_ref_times_sigma_times_sqrt_n(tiny_dir):
     before = {k: np.asarray(v) for k, v in eggroll.perturbed_params(model, plan).items()}
     expected = reference_sgd_step(plan, before, epoch, fitness_N, lr_ref)
 
-    optimizer = eggroll.make_optimizer("sgd", lr_ref * sigma * math.sqrt(n))
+    optimizer = make_optimizer(OptimizerConfig("sgd"), learning_rate=lr_ref * sigma * math.sqrt(n))
     opt_state = optimizer.init(eggroll.perturbed_params(model, plan))
     eggroll.es_step(model, plan, optimizer, opt_state, epoch, fitness_N, shaping="zscore")
     after = eggroll.perturbed_params(model, plan)

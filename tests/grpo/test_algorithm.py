@@ -11,7 +11,7 @@ from cli_runs import grpo_args
 
 from jaxcore.cli import main
 from jaxcore.config.yaml_config import load_config
-from jaxcore.grpo import algorithm as grpo_trainer
+from jaxcore.grpo import algorithm as grpo_algorithm
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.convert import read_safetensors
 from jaxcore.rewards import Scorer, get_task
@@ -49,7 +49,7 @@ def build(model_path, *overrides):
     model, tok_dir = load_any(model_path, cfg.model.dtype)
     tokenizer = load_tokenizer(tok_dir)
     eos = eos_token_ids(tokenizer, model.config.hf_config)
-    return grpo_trainer.GRPOAlgorithm(model, tokenizer, cfg, eos_token_ids=eos), cfg
+    return grpo_algorithm.GRPOAlgorithm(model, tokenizer, cfg, eos_token_ids=eos), cfg
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_beta_zero_never_loads_a_reference_model(tiny_dir, monkeypatch):
         from jaxcore.hf.model_checkpoint import load_any
         return load_any(path, *args, **kwargs)
 
-    monkeypatch.setattr(grpo_trainer, "load_any", fake_load)
+    monkeypatch.setattr(grpo_algorithm, "load_any", fake_load)
     path = tiny_dir("llama")
     algorithm, _ = build(path, "grpo.beta=0.0", f"grpo.ref_model_path={path}")
     assert algorithm.learner.ref is None and loads == []
@@ -184,14 +184,14 @@ def test_non_finite_loss_skips_the_step_and_applies_nothing(warm, monkeypatch):
     task = get_task("addition", digit_match_weight=1.0)
     examples = examples_for(cfg)
     before = host_state(algorithm)
-    real = grpo_trainer.compute_advantages
-    monkeypatch.setattr(grpo_trainer, "compute_advantages", lambda *a: real(*a) * np.nan)
+    real = grpo_algorithm.compute_advantages
+    monkeypatch.setattr(grpo_algorithm, "compute_advantages", lambda *a: real(*a) * np.nan)
     with Scorer(task.reward_fns, task.reward_weights) as scorer:
         result = algorithm.train_step(0, examples, scorer)
         assert result.skipped and "non-finite" in result.reason and not np.isfinite(result.metrics["loss"])
         for x, y in zip(host_state(algorithm), before, strict=True):
             np.testing.assert_array_equal(x, y)
-        monkeypatch.setattr(grpo_trainer, "compute_advantages", real)
+        monkeypatch.setattr(grpo_algorithm, "compute_advantages", real)
         result = algorithm.train_step(0, examples, scorer)
     assert not result.skipped
     assert any(not np.array_equal(x, y) for x, y in zip(host_state(algorithm), before))
@@ -213,12 +213,12 @@ def test_rewards_no_function_scored_are_left_out_of_the_advantages():
     nan = np.nan
     scores = ScoreResult(np.array([1.0, 0.0, 0.0, 0.5], np.float32),
                          {"a": np.array([1.0, nan, nan, 0.5]), "b": np.array([nan, nan, 0.0, nan])}, {"a": 0, "b": 0})
-    rewards = grpo_trainer.advantage_rewards(scores, fallback=0.0)
+    rewards = grpo_algorithm.advantage_rewards(scores, fallback=0.0)
     np.testing.assert_array_equal(rewards, [1.0, nan, 0.0, 0.5])
-    np.testing.assert_allclose(np.asarray(grpo_trainer.compute_advantages(rewards, 2, "none")), [0, 0, -0.25, 0.25])
+    np.testing.assert_allclose(np.asarray(grpo_algorithm.compute_advantages(rewards, 2, "none")), [0, 0, -0.25, 0.25])
     failed = ScoreResult(scores.rewards_B, scores.per_function, {"a": 1, "b": 0})
-    np.testing.assert_array_equal(grpo_trainer.advantage_rewards(failed, fallback=0.0), scores.rewards_B)
-    np.testing.assert_array_equal(grpo_trainer.advantage_rewards(failed, fallback=None), rewards)
+    np.testing.assert_array_equal(grpo_algorithm.advantage_rewards(failed, fallback=0.0), scores.rewards_B)
+    np.testing.assert_array_equal(grpo_algorithm.advantage_rewards(failed, fallback=None), rewards)
 
 
 @pytest.mark.parametrize("override,expected", [

@@ -12,6 +12,7 @@ from jaxcore.grpo.learner import GRPOLearner
 from jaxcore.grpo.loss import grpo_loss
 from jaxcore.grpo.step import build_batch, loss_mask, policy_logps, rollout_metrics
 from jaxcore.inference.logprobs import completion_logprobs
+from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import make_mesh
 from jaxcore.runtime.optim import make_schedule
 
@@ -123,7 +124,7 @@ MESH_CFG = dict(loss_type="dapo", beta=0.04, num_iterations=2, gradient_accumula
                 learning_rate=0.5, lr_schedule="constant", max_grad_norm=0.0, max_completion_length=8)
 
 
-def sgd_learner(grpo_job, path, load_ref, mesh, fsdp_min_size=2**14) -> GRPOLearner:
+def sgd_learner(grpo_job, path, load_ref, mesh, fsdp_min_size=SHARD_MIN_SIZE) -> GRPOLearner:
     """A learner with plain SGD (no Adam 1/sqrt(v) amplification of summation-order noise), so the
     meshes are compared at 1e-6."""
     import optax

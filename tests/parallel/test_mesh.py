@@ -11,6 +11,7 @@ from jaxcore.es.population import LowRankPerturbed
 from jaxcore.inference.generate import generate
 from jaxcore.model.state import flat_state, variable_at
 from jaxcore.parallel import meshes, sharding
+from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
 
 
 def train_two_epochs(path, devices, model_size: int):
@@ -20,7 +21,7 @@ def train_two_epochs(path, devices, model_size: int):
     rows = meshes.leading_axis(mesh, meshes.POP)
     cfg = eggroll.EggrollConfig(population=16, rank=2, sigma=0.05, seed=1)
     plan = eggroll.make_plan(model, cfg)
-    optimizer = eggroll.make_optimizer("sgd", 0.025)
+    optimizer = make_optimizer(OptimizerConfig("sgd"), learning_rate=0.025)
     opt_state = init_opt_state(optimizer, eggroll.perturbed_params(model, plan), mesh)
     rng = np.random.default_rng(0)
     ids = np.repeat(rng.integers(3, 200, (2, 6)), 16, axis=0)      # 16 members x 2 prompts
@@ -70,7 +71,7 @@ def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
         mesh = meshes.es_mesh(model_size, devices)
         shard_masters(model, mesh, min_size=1)
         plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16))
-        optimizer = eggroll.make_optimizer("adam", 1e-3)
+        optimizer = make_optimizer(OptimizerConfig("adam"), learning_rate=1e-3)
         params = eggroll.perturbed_params(model, plan)
         opt_state = init_opt_state(optimizer, params, mesh)
         opt_state, _ = eggroll.es_step(model, plan, optimizer, opt_state, 0, np.arange(16.0))
@@ -178,25 +179,25 @@ def es_cli(model, out, *extra, resume: bool = False) -> int:
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """The ES algorithms the trainer builds, and the weights every evaluation's generate receives."""
+    """The ES algorithms the trainer builds, and the weights every evaluation's (greedy) `sample` receives."""
     from jaxcore.api import ESTrainer
     from jaxcore.es.algorithm import EggrollAlgorithm
-    from jaxcore.runtime import runner as train
+    from jaxcore.runtime import runner
 
     seen = {"algorithms": [], "eval_weights": []}
-    gen = train.generate
+    real_sample = runner.sample
 
     class Recorded(EggrollAlgorithm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen["algorithms"].append(self)
 
-    def generate(model, *args, **kwargs):
+    def sample(model, *args, **kwargs):
         seen["eval_weights"].append({k: v for k, v in flat_state(model).items() if v.ndim == 2})
-        return gen(model, *args, **kwargs)
+        return real_sample(model, *args, **kwargs)
 
     monkeypatch.setattr(ESTrainer, "algorithm_type", staticmethod(lambda: Recorded))
-    monkeypatch.setattr(train, "generate", generate)
+    monkeypatch.setattr(runner, "sample", sample)
     return seen
 
 

@@ -38,8 +38,9 @@ from jaxcore.model.config import config_from_hf
 from jaxcore.model.state import flat_state, variable_at
 from jaxcore.model.transformer import abstract_model
 from jaxcore.parallel import meshes, sharding
-from jaxcore.runtime import memory as memory_plan
+from jaxcore.runtime import memory as runtime_memory
 from jaxcore.runtime import plan_check
+from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
 
 LLAMA_8B = Path(__file__).parents[1] / "data" / "llama3.1-8b" / "config.json"
 
@@ -175,7 +176,7 @@ def test_update_terms_match_xla_on_a_pop_model_mesh():
     assert stats.temp_size_in_bytes <= planned.terms["update factors"] <= 1.5 * stats.temp_size_in_bytes, (
         planned.terms["update factors"], stats.temp_size_in_bytes)
 
-    optimizer = eggroll.make_optimizer("adam", 1e-3)
+    optimizer = make_optimizer(OptimizerConfig("adam"), learning_rate=1e-3)
     opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                              jax.eval_shape(optimizer.init, params),
                              sharding.optimizer_state_shardings(optimizer, params, mesh))
@@ -223,13 +224,13 @@ def test_phases_peak_and_refusal_wording():
     phases = planned.phase_totals()
     assert planned.total == pytest.approx(planned.persistent + max(phases.values()))
     assert planned.total < sum(planned.terms.values())             # generation and update never overlap
-    line = memory_plan.refusal(planned)
+    line = runtime_memory.refusal(planned)
     assert line and "\n" not in line and "the biggest term is kv cache" in line
     assert "raise mesh.model" not in line
-    other = memory_plan.MemoryPlan({"weights": 1.0, "big": 5.0, "small": 2.0, "also": 2.0}, 1, 1, 3.0, 2,
+    other = runtime_memory.MemoryPlan({"weights": 1.0, "big": 5.0, "small": 2.0, "also": 2.0}, 1, 1, 3.0, 2,
                                    {"a": ("big",), "b": ("small", "also")})
     assert other.total == 6.0 and other.biggest() == "big"
-    other = memory_plan.MemoryPlan({"weights": 1.0, "big": 5.0, "small": 4.0, "also": 3.0}, 1, 1, 3.0, 2,
+    other = runtime_memory.MemoryPlan({"weights": 1.0, "big": 5.0, "small": 4.0, "also": 3.0}, 1, 1, 3.0, 2,
                                    {"a": ("big",), "b": ("small", "also")})
     assert other.total == 8.0 and other.biggest() == "small"     # the biggest term live at the peak
 

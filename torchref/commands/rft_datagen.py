@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 
 from torchref.commands._common import add_engine_arguments, add_prompt_arguments, prompt_options, show_progress
-from torchref.rft.datagen import KNOBS
+from torchref.rft.datagen import KNOBS, DatagenConfig
+from torchref.rft.engines import SamplingParams as S  # the sampling flags default to its settings
 from torchref.rft.settings import add_knobs, resolve_knobs
 
 
@@ -27,15 +28,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", required=True, help="JSON list of [question, answer] (from rft-data)")
     parser.add_argument("--out", required=True, help="output JSON list of [question, answer, reasoning]")
     add_knobs(parser, KNOBS)
-    parser.add_argument("--keep", type=int, default=1,
-                        help="distinct correct completions kept per question; 0 keeps all (default 1)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0: off)")
-    parser.add_argument("--top-k", type=int, default=0, help="top-k sampling (default 0: off)")
+    parser.add_argument("--keep", type=int, default=DatagenConfig.keep,
+                        help="distinct correct completions kept per question; 0 keeps all "
+                             f"(default {DatagenConfig.keep})")
+    parser.add_argument("--top-p", type=float, default=S.top_p, help=f"nucleus sampling (default {S.top_p}: off)")
+    parser.add_argument("--top-k", type=int, default=S.top_k, help=f"top-k sampling (default {S.top_k}: off)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N questions")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--seed", type=int, default=S.seed, help=f"sampling seed (default {S.seed})")
     parser.add_argument("--stats", default=None, help="also write the run's statistics to this JSON file")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    parser.add_argument("--max-prompt-length", type=int, default=None,
+    parser.add_argument("--max-prompt-length", type=int, default=S.max_prompt_length,
                         help="prompt tokens kept (default: the model's positions minus max_new_tokens)")
     parser.add_argument("--no-truncate-prompts", dest="truncate_prompts", action="store_false",
                         help="refuse over-long prompts instead of keeping their last tokens")
@@ -46,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     show_progress(args.progress)
     from torchref.rft.data import load_questions, write_json
-    from torchref.rft.datagen import DatagenConfig, generate_dataset
-    from torchref.rft.engines import SamplingParams, load_engine
+    from torchref.rft.datagen import generate_dataset
+    from torchref.rft.engines import load_engine
     from torchref.rft.errors import RFTError
 
     knobs = resolve_knobs(args, KNOBS)
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     questions = load_questions(args.questions)[:args.limit]
     config = DatagenConfig(oversample=knobs["oversample"], batch_size=knobs["batch_size"],
                            micro_batch_size=knobs["micro_batch_size"], chunk_size=knobs["chunk_size"], keep=args.keep)
-    params = SamplingParams(max_new_tokens=knobs["max_new_tokens"], temperature=knobs["temperature"],
+    params = S(max_new_tokens=knobs["max_new_tokens"], temperature=knobs["temperature"],
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_prompt_length=args.max_prompt_length, truncate_prompts=args.truncate_prompts)
     engine = load_engine(args.engine, args.model, params, dtype=args.dtype, **prompt_options(args))

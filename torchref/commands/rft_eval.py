@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from torchref.commands._common import add_engine_arguments, add_prompt_arguments, prompt_options, show_progress
+from torchref.rft.engines import SamplingParams as S  # the sampling flags default to its settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,14 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", default=None, help="peft LoRA adapter directory to merge in (--engine hf)")
     parser.add_argument("--json", dest="json_out", default=None,
                         help="write metrics and every completion to this JSON file")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="default 256")
+    parser.add_argument("--max-new-tokens", type=int, default=S.max_new_tokens, help=f"default {S.max_new_tokens}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0: off)")
+    parser.add_argument("--top-p", type=float, default=S.top_p, help=f"nucleus sampling (default {S.top_p}: off)")
     parser.add_argument("--samples", type=int, default=1, help="completions per question (default 1)")
     parser.add_argument("--batch-size", type=int, default=32, help="questions per batch (default 32)")
     parser.add_argument("--micro-batch-size", type=int, default=64, help="rows per generate call (default 64)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N questions")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--seed", type=int, default=S.seed, help=f"sampling seed (default {S.seed})")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_engine_arguments(parser)
     add_prompt_arguments(parser)
@@ -39,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     show_progress(args.progress)
     from torchref.rft.data import load_questions
-    from torchref.rft.engines import SamplingParams, load_engine
+    from torchref.rft.engines import load_engine
     from torchref.rft.errors import RFTError
     from torchref.rft.evaluate import evaluate, format_table
 
     if args.samples < 1 or args.batch_size < 1 or args.micro_batch_size < 1:
         raise RFTError("--samples, --batch-size and --micro-batch-size must be >= 1")
     questions = load_questions(args.questions)[:args.limit]
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+    params = S(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed)
     engine = load_engine(args.engine, args.model, params, dtype=args.dtype, adapter=args.adapter,
                          **prompt_options(args))

@@ -19,10 +19,12 @@ import argparse
 
 from torchref.commands._common import add_prompt_arguments, prompt_options, show_progress
 from torchref.rft.settings import Knob, add_knobs, resolve_knobs
+from torchref.rft.train_config import SAVE_STRATEGIES, TrainConfig
 
+T = TrainConfig          # every flag defaults to its setting there (declared once)
 KNOBS = (
-    Knob("batch_size", "RFT_TRAIN_BATCH_SIZE", 16, "examples per device per step"),
-    Knob("grad_accum", "RFT_GRAD_ACCUM", 1, "gradient accumulation steps"),
+    Knob("batch_size", "RFT_TRAIN_BATCH_SIZE", T.batch_size, "examples per device per step"),
+    Knob("grad_accum", "RFT_GRAD_ACCUM", T.grad_accum, "gradient accumulation steps"),
 )
 
 
@@ -31,39 +33,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="JSON list of [question, answer, reasoning] (rft-datagen output)")
     parser.add_argument("--out", required=True, help="output directory")
     add_knobs(parser, KNOBS)
-    parser.add_argument("--epochs", type=float, default=3.0, help="default 3")
-    parser.add_argument("--max-steps", type=int, default=-1, help="optimiser steps; > 0 overrides --epochs")
-    parser.add_argument("--learning-rate", type=float, default=2e-4, help="peak learning rate (default 2e-4)")
-    parser.add_argument("--warmup", type=float, default=0.05,
-                        help="linear warmup: a fraction < 1 of the steps, or a number of steps (default 0.05)")
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="default 0")
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (default 1.0)")
-    parser.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
-    parser.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (default 32)")
-    parser.add_argument("--lora-dropout", type=float, default=0.05, help="default 0.05")
+    parser.add_argument("--epochs", type=float, default=T.epochs, help=f"default {T.epochs:g}")
+    parser.add_argument("--max-steps", type=int, default=T.max_steps, help="optimiser steps; > 0 overrides --epochs")
+    parser.add_argument("--learning-rate", type=float, default=T.learning_rate,
+                        help=f"peak learning rate (default {T.learning_rate:g})")
+    parser.add_argument("--warmup", type=float, default=T.warmup,
+                        help=f"linear warmup: a fraction < 1 of the steps, or a number of steps (default {T.warmup:g})")
+    parser.add_argument("--weight-decay", type=float, default=T.weight_decay, help=f"default {T.weight_decay:g}")
+    parser.add_argument("--max-grad-norm", type=float, default=T.max_grad_norm,
+                        help=f"gradient clipping (default {T.max_grad_norm:g})")
+    parser.add_argument("--lora-r", type=int, default=T.lora_r, help=f"LoRA rank (default {T.lora_r})")
+    parser.add_argument("--lora-alpha", type=int, default=T.lora_alpha, help=f"LoRA alpha (default {T.lora_alpha})")
+    parser.add_argument("--lora-dropout", type=float, default=T.lora_dropout, help=f"default {T.lora_dropout:g}")
     parser.add_argument("--target-modules", default=None,
                         help="comma-separated module names (default: q/k/v/o/gate/up/down_proj for Llama and Qwen, "
                              "c_attn,c_proj,c_fc for GPT-2)")
-    parser.add_argument("--mixed-precision", choices=["auto", "no", "fp16", "bf16"], default="auto",
+    parser.add_argument("--mixed-precision", choices=["auto", "no", "fp16", "bf16"], default=T.mixed_precision,
                         help="auto: bf16 where supported, fp16 on other GPUs, no (fp32) on the CPU")
-    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
+                        default=T.gradient_checkpointing,
                         help="recompute activations in the backward pass to save memory (default off)")
-    parser.add_argument("--optim", default=None,
+    parser.add_argument("--optim", default=T.optim,
                         help="HF Trainer optimiser name (default adamw_torch_fused on CUDA, adamw_torch on the CPU)")
-    parser.add_argument("--dataloader-workers", type=int, default=None,
+    parser.add_argument("--dataloader-workers", type=int, default=T.dataloader_workers,
                         help="DataLoader worker processes (default 4 on CUDA, 0 on the CPU); memory is pinned on CUDA")
-    parser.add_argument("--max-length", type=int, default=512, help="tokens per example, prompt included (default 512)")
-    parser.add_argument("--save-strategy", choices=["no", "epoch", "steps"], default="epoch",
-                        help="when to write Trainer checkpoints (default epoch)")
-    parser.add_argument("--save-steps", type=int, default=500, help="with --save-strategy steps (default 500)")
-    parser.add_argument("--save-total-limit", type=int, default=1, help="checkpoints kept (default 1)")
-    parser.add_argument("--logging-steps", type=int, default=10, help="default 10")
-    parser.add_argument("--report-to", default="none", help="tensorboard, wandb, ... (default none)")
+    parser.add_argument("--max-length", type=int, default=T.max_length,
+                        help=f"tokens per example, prompt included (default {T.max_length})")
+    parser.add_argument("--save-strategy", choices=SAVE_STRATEGIES, default=T.save_strategy,
+                        help=f"when to write Trainer checkpoints (default {T.save_strategy})")
+    parser.add_argument("--save-steps", type=int, default=T.save_steps,
+                        help=f"with --save-strategy steps (default {T.save_steps})")
+    parser.add_argument("--save-total-limit", type=int, default=T.save_total_limit,
+                        help=f"checkpoints kept (default {T.save_total_limit})")
+    parser.add_argument("--logging-steps", type=int, default=T.logging_steps, help=f"default {T.logging_steps}")
+    parser.add_argument("--report-to", default=T.report_to, help=f"tensorboard, wandb, ... (default {T.report_to})")
     parser.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in OUT")
     parser.add_argument("--merge", action="store_true", help="also write OUT/merged: the LoRA weights merged in")
-    parser.add_argument("--merge-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    parser.add_argument("--merge-dtype", choices=["auto", "float32", "bfloat16", "float16"], default=T.merge_dtype,
                         help="dtype of the merged weights (auto: the base checkpoint's)")
-    parser.add_argument("--seed", type=int, default=0, help="default 0")
+    parser.add_argument("--seed", type=int, default=T.seed, help=f"default {T.seed}")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_prompt_arguments(parser)
 
@@ -78,7 +86,7 @@ def end_distributed() -> None:
 
 def run(args: argparse.Namespace) -> int:
     show_progress(args.progress)
-    from torchref.rft.train import TrainConfig, train
+    from torchref.rft.train import train  # lazy: torch, peft and transformers
 
     targets = tuple(t.strip() for t in args.target_modules.split(",") if t.strip()) if args.target_modules else None
     config = TrainConfig(

@@ -16,19 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchref.rft.data import Question, SFTEntry
-from torchref.rft.engines import Engine, sample_batched
+from torchref.rft.engines import Engine, SamplingParams, sample_batched
 from torchref.rft.errors import RFTError
 from torchref.rft.grading import answered, correct, reasoning_of
 from torchref.rft.settings import Knob
-
-KNOBS = (
-    Knob("oversample", "RFT_OVERSAMPLE", 15, "completions sampled per question (K)"),
-    Knob("batch_size", "RFT_BATCH_SIZE", 8, "questions per batch"),
-    Knob("micro_batch_size", "RFT_MICRO_BATCH_SIZE", 64, "rows (questions x samples) per generate call"),
-    Knob("chunk_size", "RFT_CHUNK_SIZE", 8, "num_return_sequences per generate call"),
-    Knob("temperature", "RFT_TEMPERATURE", 0.7, "sampling temperature (> 0)"),
-    Knob("max_new_tokens", "RFT_MAX_NEW_TOKENS", 256, "tokens generated per completion at most"),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +36,18 @@ class DatagenConfig:
                 raise RFTError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.keep < 0:
             raise RFTError(f"keep must be >= 0, got {self.keep}")
+
+
+KNOBS = (           # `rft-datagen`'s numeric flags, defaulting to `DatagenConfig` and `SamplingParams`
+    Knob("oversample", "RFT_OVERSAMPLE", DatagenConfig.oversample, "completions sampled per question (K)"),
+    Knob("batch_size", "RFT_BATCH_SIZE", DatagenConfig.batch_size, "questions per batch"),
+    Knob("micro_batch_size", "RFT_MICRO_BATCH_SIZE", DatagenConfig.micro_batch_size,
+         "rows (questions x samples) per generate call"),
+    Knob("chunk_size", "RFT_CHUNK_SIZE", DatagenConfig.chunk_size, "num_return_sequences per generate call"),
+    Knob("temperature", "RFT_TEMPERATURE", SamplingParams.temperature, "sampling temperature (> 0)"),
+    Knob("max_new_tokens", "RFT_MAX_NEW_TOKENS", SamplingParams.max_new_tokens,
+         "tokens generated per completion at most"),
+)
 
 
 @dataclasses.dataclass

@@ -18,23 +18,22 @@ import numpy as np
 from jaxcore.hf.convert import CheckpointError, read_hf_config
 from jaxcore.hf.tokenization import PromptLimit, decode_completions, eos_token_ids, limit_prompts, load_tokenizer
 from jaxcore.inference.sampling import SamplingConfig
+from jaxcore.runtime.config import PromptLimitConfig
 from torchref.rft.errors import RFTError
 from torchref.rft.prompts import PromptFormat, resolve_format
 
 ENGINES = ("hf", "jax")
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Decoding settings shared by both engines (`temperature=0` is greedy; `top_k=0` is off)."""
+@dataclasses.dataclass(unsafe_hash=True)
+class SamplingParams(SamplingConfig, PromptLimitConfig):
+    """Decoding settings shared by both engines: jaxcore's sampling settings (`SamplingConfig`: temperature,
+    top_k, top_p, min_p, with its checks; `temperature=0` is greedy, `top_k=0` off) and prompt limits
+    (`PromptLimitConfig`), at RFT's temperature."""
 
+    temperature: float = 0.7               # RFT samples at 0.7 (SamplingConfig's default is 1.0)
     max_new_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
     seed: int = 0
-    max_prompt_length: int | None = None   # prompt tokens kept (None: the model's positions)
-    truncate_prompts: bool = True          # longer prompts: keep the last tokens (warned) or refuse
 
     def prompt_limit(self, max_positions: int) -> PromptLimit:
         return PromptLimit(max_positions, self.max_prompt_length, self.truncate_prompts)
@@ -43,7 +42,7 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise RFTError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         try:                                   # the same checks as jaxcore's sampler, one source of truth
-            SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+            super().__post_init__()
         except ValueError as err:
             raise RFTError(str(err)) from err
 
@@ -142,7 +141,8 @@ class HFEngine:
             max_new_tokens=p.max_new_tokens, do_sample=sampling,
             num_return_sequences=num_return_sequences if sampling else 1,
             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos),
-            **(dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k) if sampling else {}))
+            **(dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, **({"min_p": p.min_p} if p.min_p else {}))
+               if sampling else {}))
         with torch.inference_mode():
             out = self.model.generate(input_ids=torch.as_tensor(ids, dtype=torch.long, device=self.device),
                                       attention_mask=torch.as_tensor(mask, dtype=torch.long, device=self.device),
@@ -184,7 +184,7 @@ class JaxEngine:
         ids, mask, _ = limit_prompts(*self.prompt_format.encode(self.tokenizer, questions),
                                      p.prompt_limit(self.model.config.max_position_embeddings), p.max_new_tokens)
         result = generate(self.model, ids, mask, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
-                          top_k=p.top_k, top_p=p.top_p, eos_token_ids=self.eos,
+                          top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, eos_token_ids=self.eos,
                           num_return_sequences=num_return_sequences, key=jax.random.fold_in(self.key, self.calls),
                           pad_token_id=self.tokenizer.pad_token_id)
         self.calls += 1
