@@ -19,7 +19,7 @@ from typing import Any
 
 from jaxcore.bench import BenchOptions, bench_checkpoint, device_info
 
-PROMPTS = ["Write one word that names a colour.", "Name a fruit in one word."]
+PROMPTS = ["Explain in detail how a bicycle works.", "Describe a busy city street in the morning."]   # long answers
 REGIMES = {"fill": 1e-6, "short": 3e-5}
 
 
