@@ -26,9 +26,12 @@ def test_smollm2_gguf_import_matches_transformers(tmp_path, capsys):
 
     The 1e-4 is checked in float64 (both sides; jaxcore keeps norms, RoPE and softmax in float32, which is
     what is left: measured 2.2e-5). In float32 both sides are ~1e-4 from the float64 logits of this 30-layer
-    model (logits up to ~40; measured: transformers 9.3e-5, jaxcore 1.03e-4, so 1.06e-4 apart), so a 1e-4
-    bound there would test rounding noise, not the import; in float32 jaxcore must be as close to the
-    float64 logits as transformers' own float32 forward is (within 1.5x).
+    model (logits up to ~40), so a 1e-4 bound there would test rounding noise, not the import; in float32
+    jaxcore must be about as close to the float64 logits as transformers' own float32 forward is (within
+    2.5x). Measured with transformers 5.2x: transformers 9.3e-5, jaxcore 1.03e-4 (1.1x); with 5.24, whose GGUF
+    dequantisation gives slightly different weights: transformers 7.9e-5, jaxcore 1.55e-4 (1.96x), 1.1e-4
+    apart, while float64 parity stayed at 2.5e-5. Both are fp32 rounding of 30 layers (4e-6 of the largest
+    logit); the ratio of two rounding noises moves with the weights, so the bound leaves room for that.
 
     Greedy tokens: jaxcore generates (KV cache); transformers' float32 argmax on the prompt plus those tokens
     must be each next token, which is what transformers' greedy decoding would pick, step by step."""
@@ -72,7 +75,7 @@ def test_smollm2_gguf_import_matches_transformers(tmp_path, capsys):
     print(f"max |logit diff| vs transformers: float64 {diff64:.3g}, float32 {np.abs(ours - expected)[real].max():.3g}"
           f"; float32 vs float64: jaxcore {ours_error:.3g}, transformers {torch_error:.3g}")
     assert diff64 <= 1e-4
-    assert ours_error <= 1.5 * torch_error
+    assert ours_error <= 2.5 * torch_error
     prompt_len = ids.shape[1] - new_tokens.shape[1]
     for row, n in enumerate(lengths):
         picks = expected[row, prompt_len - 1:prompt_len - 1 + n].argmax(-1)
