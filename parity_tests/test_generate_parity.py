@@ -8,20 +8,15 @@ import torch
 
 import jaxcore
 from jaxcore.inference.generate import _prefill, generate
+from parity_tests.batches import left_padded
 from torchref.model import load_reference
 
 NEW_TOKENS = 40
 
 
 def prompts(vocab: int, lengths=(12, 7, 3, 9), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    width = max(lengths)
-    ids = np.zeros((len(lengths), width), np.int64)
-    mask = np.zeros_like(ids)
-    for row, n in enumerate(lengths):
-        ids[row, width - n:] = rng.integers(3, vocab, n)
-        mask[row, width - n:] = 1
-    return ids, mask
+    """Left-padded int64 rows (torch's token dtype) of the given lengths."""
+    return left_padded(vocab, lengths, seed, np.int64)
 
 
 def hf_greedy(path, ids, mask, new_tokens, eos=None):

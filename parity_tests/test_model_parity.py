@@ -8,6 +8,7 @@ import pytest
 
 import jaxcore
 from jaxcore.model import transformer
+from parity_tests.batches import left_padded
 from torchref.model import load_reference, reference_logits
 
 FP32_ATOL = 1e-4
@@ -16,23 +17,14 @@ CASES = [("llama", {}), ("llama", {"tie": True}), ("qwen2", {}), ("qwen2", {"tie
          ("qwen3", {}), ("qwen3", {"tie": False}), ("gpt2", {})]
 
 
-def left_padded_batch(vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Three rows of lengths 13, 9 and 4, left-padded with id 0."""
-    rng = np.random.default_rng(seed)
-    lengths = [13, 9, 4]
-    ids = np.zeros((3, 13), np.int32)
-    mask = np.zeros((3, 13), np.int32)
-    for row, n in enumerate(lengths):
-        ids[row, 13 - n:] = rng.integers(3, vocab, n)
-        mask[row, 13 - n:] = 1
-    return ids, mask
+SHORT_LENGTHS = (13, 9, 4)
 
 
 @pytest.mark.parametrize("family,options", CASES, ids=[f"{f}-{o}" for f, o in CASES])
 def test_fp32_logits_match_transformers(tiny_dir, family, options):
     path = tiny_dir(family, **options)
     model = jaxcore.load_hf(path, dtype="float32")
-    ids, mask = left_padded_batch(model.config.vocab_size)
+    ids, mask = left_padded(model.config.vocab_size, SHORT_LENGTHS)
     ours = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
     ref = reference_logits(load_reference(path), ids, mask)
     assert ours.shape == ref.shape == (3, 13, model.config.vocab_size)
@@ -66,23 +58,12 @@ BF16_ARGMAX_FLOOR = {"short": 0.92, "long": 0.96, "past 1000": 0.93}
 LONG_LENGTHS = (1100, 1040)   # two left-padded rows; ~140 positions past 1,000
 
 
-def long_left_padded_batch(vocab: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    width = max(LONG_LENGTHS)
-    ids = np.zeros((len(LONG_LENGTHS), width), np.int32)
-    mask = np.zeros_like(ids)
-    for row, n in enumerate(LONG_LENGTHS):
-        ids[row, width - n:] = rng.integers(3, vocab, n)
-        mask[row, width - n:] = 1
-    return ids, mask
-
-
 @functools.cache
 def _bf16_case(path: str, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ids, mask, fp32 HF reference logits) of the short or the long batch."""
     ref_model = load_reference(path)
     vocab = ref_model.config.vocab_size
-    ids, mask = left_padded_batch(vocab, seed=1) if case == "short" else long_left_padded_batch(vocab)
+    ids, mask = left_padded(vocab, SHORT_LENGTHS if case == "short" else LONG_LENGTHS, seed=1)
     return ids, mask, reference_logits(ref_model, ids, mask)
 
 
