@@ -25,6 +25,7 @@ from jaxcore.errors import ConfigValueError
 from jaxcore.es.config import ESConfig
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.rewards.file_tasks import dataset_task
+from jaxcore.rewards.user_functions import task_with_rewards
 
 if TYPE_CHECKING:
     from jaxcore.runtime.algorithm import Algorithm
@@ -58,7 +59,7 @@ class _Trainer:
 
     def make_task(self) -> Any:
         """The task: the datasets with the reward functions, or the configured task (rewards replaced)."""
-        from jaxcore.runtime.runner import make_task, with_rewards  # lazy: the runner pulls orbax (checkpoints)
+        from jaxcore.runtime.runner import make_task  # lazy: the runner pulls orbax (checkpoints)
 
         functions = self.reward_funcs if self.reward_funcs is not None else list(self.args.rewards.functions)
         weights = self.args.rewards.weights
@@ -70,7 +71,7 @@ class _Trainer:
         if not functions:
             raise ValueError("train_dataset needs reward_funcs (or args.rewards.functions)")
         task = dataset_task(self.train_dataset, self.eval_dataset, {}, {}, split_seed=self.args.train.seed)
-        return with_rewards(task, functions, weights)
+        return task_with_rewards(task, functions, weights)
 
     def train(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible

@@ -92,7 +92,7 @@ def dataset_task(train: Any, eval_: Any, reward_fns: Mapping[str, RewardFn], rew
                  *, eval_fraction: float = 0.1, split_seed: int = 0) -> FileTask:
     """A task over in-memory or on-disk datasets (the Python API's `train_dataset` / `eval_dataset`);
     without `eval_`, `eval_fraction` of `train` is held out. The rewards may be empty until
-    `jaxcore.runtime.runner.with_rewards` sets them."""
+    `jaxcore.rewards.user_functions.task_with_rewards` sets them."""
     records = dataset_records(train, "train_dataset")
     if eval_ is None:
         records, held_out = split_records("train_dataset", records, eval_fraction, split_seed)

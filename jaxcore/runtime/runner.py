@@ -136,13 +136,7 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
         if isinstance(err, (TaskConfigError, TaskError)):
             raise
         raise TaskConfigError(str(err)) from err
-    return with_rewards(task, functions, weights) if functions else task
-
-
-def with_rewards(task: Any, functions: Sequence[Any], weights: Sequence[float] | None) -> Any:
-    """`task` scored by `functions` instead of its own rewards (checked and probed first; see
-    `jaxcore.rewards.user_functions`)."""
-    return task_with_rewards(task, functions, weights)
+    return task_with_rewards(task, functions, weights) if functions else task
 
 
 class Runner:
