@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from jaxcore.bench import BenchOptions, bench_checkpoint, device_info
 
 PROMPTS = ["Explain in detail how a bicycle works.", "Describe a busy city street in the morning."]   # long answers
@@ -41,8 +43,8 @@ def rounds_for(s: dict[str, Any], completion_len: int) -> int:
     return s["rounds"] if completion_len <= 32 else 1
 
 
-class _StepTimer:
-    """A transformers TrainerCallback (duck-typed) that records each optimisation step's wall time."""
+class _StepTimer(TrainerCallback):
+    """Records each optimisation step's wall time (generation, scoring and update: TRL's whole step)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
@@ -53,11 +55,6 @@ class _StepTimer:
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.times.append(time.perf_counter() - self._began)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("on_"):                      # every other callback event: nothing to do
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
 
 def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
