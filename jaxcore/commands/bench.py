@@ -1,10 +1,11 @@
 """Benchmarks that report ratios against a reference measured side by side in the same run.
 
 examples:
-  jaxcore bench --suite all --json runs/bench.json                 # CPU: the ~34M bench model, fp32
+  jaxcore bench --json runs/bench.json                             # CPU: the ~34M bench model, fp32 (roofline suites)
   jaxcore bench --suite generate,es,grpo --preset qwen2.5-0.5b     # on a GPU (bf16 by default there)
   jaxcore bench --suite es --quick                                 # small shapes, fast
   jaxcore bench --suite trl --preset smollm2-135m-instruct         # vs TRL's GRPOTrainer (after make smollm2)
+  jaxcore bench --suite qiu --preset smollm2-135m-instruct         # vs Qiu et al.'s full-rank ES loop
 
 Every generate/ES/GRPO figure carries a roofline entry (bytes, FLOPs, fraction_of_limit) against the
 bandwidth and matmul peaks measured in the same run (`peaks` in the JSON). The JSON is rewritten
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
-        raise UserError(f"unknown suite(s) {', '.join(unknown)}; choose from all, {', '.join(SUITES)}")
+        raise UserError(f"unknown suite(s) {', '.join(map(repr, unknown))}; choose from all, {', '.join(SUITES)}")
     import jax
 
     dtype = args.dtype or default_dtype(jax.default_backend())
