@@ -21,7 +21,8 @@ from torchref import eggroll as torch_es
 from torchref import es_reference
 from torchref.model import load_reference, reference_logits
 
-CASES = [("llama", dict(include_lm_head=True)), ("gpt2", dict(non_matrix="full"))]
+CASES = [("llama", dict(include_lm_head=True)), ("gpt2", dict(non_matrix="full")),
+         ("gemma3", dict(non_matrix="full", include_lm_head=True))]
 RTOL = 1e-5       # fp32 on both sides; errors relative to the largest magnitude of the compared quantity
 
 

@@ -27,7 +27,7 @@ def hf_greedy(path, ids, mask, new_tokens, eos=None):
     return out[:, ids.shape[1]:].numpy()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gpt2", "gemma3"])
 def test_greedy_tokens_identical_to_transformers(tiny_dir, family):
     path = tiny_dir(family)
     model = jaxcore.load_hf(path)
@@ -59,14 +59,16 @@ def test_eos_stops_rows_and_pads_like_transformers(tiny_dir):
 
 
 # Largest |decode-path log-prob - full-forward log-prob| per compute dtype. fp32: equal to rounding. bf16: the
-# KV-cache path and the full forward round differently (measured 0.023 llama, 0.031 gpt2), which is why GRPO
-# takes its old log-probs from the learner's forward whenever the compute dtype is not float32
+# KV-cache path and the full forward round differently (measured 0.023 llama, 0.031 gpt2, 0.130 gemma3, whose
+# four norms a block and sqrt(hidden)-scaled embeddings carry more bf16 rounding), which is why GRPO takes its
+# old log-probs from the learner's forward whenever the compute dtype is not float32
 # (GRPOConfig.old_logp_source); tests/grpo/test_algorithm.py checks that those equal the learner's.
 LOGPROB_TOL = {"float32": 1e-5, "bfloat16": 0.05}
+GEMMA3_BF16_LOGPROB_TOL = 0.2
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3"])
 def test_logprobs_equal_full_forward(tiny_dir, family, dtype):
     model = jaxcore.load_hf(tiny_dir(family), dtype=dtype)
     ids, mask = prompts(model.config.vocab_size, seed=3)
@@ -80,7 +82,8 @@ def test_logprobs_equal_full_forward(tiny_dir, family, dtype):
     logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), -1))[:, ids.shape[1] - 1:-1]
     expected = np.take_along_axis(logp, tokens[..., None], -1)[..., 0]
     got = np.asarray(result.logprobs)
-    assert np.abs(got - expected)[completion_mask].max() <= LOGPROB_TOL[dtype]
+    tol = GEMMA3_BF16_LOGPROB_TOL if (family, dtype) == ("gemma3", "bfloat16") else LOGPROB_TOL[dtype]
+    assert np.abs(got - expected)[completion_mask].max() <= tol
     assert (got[~completion_mask] == 0).all()
 
 

@@ -43,7 +43,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "gemma3"])
 def setup(request, tiny_dir):
     """Policy (jax + HF), and a batch whose old/ref log-probs differ from the policy's."""
     family = request.param

@@ -21,12 +21,12 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
 def setup(request, tiny_dir, tmp_path_factory):
     """A tiny model, adapters with non-zero b (so they change the output), saved as a peft directory."""
     path = tiny_dir(request.param)
     model = jaxcore.load_hf(path)
-    cfg = lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("all-linear",))
+    cfg = lora.LoRAConfig(rank=4, alpha=8.0, target_modules=["all-linear"])
     adapters = jax_peft.init_peft_adapters(model, cfg, jax.random.key(0))
     adapters = {p: {"a": ab["a"], "b": 0.05 * jax.random.normal(jax.random.key(i), ab["b"].shape)}
                 for i, (p, ab) in enumerate(sorted(adapters.items()))}

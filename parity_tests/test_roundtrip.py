@@ -19,7 +19,7 @@ def assert_same_tensors(a_dir, b_dir):
         assert a[key].tobytes() == b[key].tobytes(), key
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gpt2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_roundtrip_bit_identical(tiny_dir, tmp_path, family, dtype):
     src = tiny_dir(family, dtype=dtype)

@@ -47,7 +47,8 @@ class Shape:
     out_bias: bool = False          # bias on the attention output projection
     mlp_bias: bool = False          # biases on the MLP projections
     layer_norm: bool = False        # LayerNorm (scale + bias) rather than RMSNorm (scale)
-    qk_norm: bool = False           # Qwen3: RMSNorm scales on q and k heads
+    qk_norm: bool = False           # Qwen3, Gemma 3: RMSNorm scales on q and k heads
+    sandwich_norms: bool = False    # Gemma 3: norms after attention and after the MLP too (4 a layer)
     positions: int = 0              # rows of a learned position table (GPT-2); 0 with RoPE
 
     @classmethod
@@ -58,16 +59,21 @@ class Shape:
                        head_dim=hidden // heads, intermediate=cfg.get("n_inner") or 4 * hidden,
                        vocab=cfg["vocab_size"], tie=bool(cfg.get("tie_word_embeddings", True)), qkv_bias=True,
                        gated=False, out_bias=True, mlp_bias=True, layer_norm=True, positions=cfg["n_positions"])
+        if cfg.get("model_type") == "gemma3":           # the multimodal config: its text tower
+            cfg = cfg["text_config"]
         heads = cfg["num_attention_heads"]
         family = cfg.get("model_type")
+        gemma = family == "gemma3_text"
         attention_bias = bool(cfg.get("attention_bias", False))
         return cls(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
                    kv_heads=cfg.get("num_key_value_heads") or heads,
                    head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
                    intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                   tie=bool(cfg.get("tie_word_embeddings", False)),
-                   qkv_bias=attention_bias or family == "qwen2", out_bias=attention_bias and family != "qwen2",
-                   mlp_bias=bool(cfg.get("mlp_bias", False)) and family == "llama", qk_norm=family == "qwen3")
+                   tie=bool(cfg.get("tie_word_embeddings", gemma)),
+                   qkv_bias=attention_bias or family == "qwen2",
+                   out_bias=attention_bias and family != "qwen2",
+                   mlp_bias=bool(cfg.get("mlp_bias", False)) and family == "llama",
+                   qk_norm=family == "qwen3" or gemma, sandwich_norms=gemma)
 
     def layer_matrices(self) -> list[tuple[int, int]]:
         """(in, out) of each matmul weight of one decoder layer: q, k, v, o, [gate,] up, down."""
@@ -87,7 +93,7 @@ class Shape:
         """Norm scales (and LayerNorm biases), linear biases, q/k norm scales (read every step too)."""
         d, hd = self.hidden, self.head_dim
         norm = 2 * d if self.layer_norm else d
-        per_layer = 2 * norm
+        per_layer = (4 if self.sandwich_norms else 2) * norm
         if self.qkv_bias:
             per_layer += (self.heads + 2 * self.kv_heads) * hd
         if self.out_bias:
@@ -337,4 +343,5 @@ def model_shape(model: Any) -> Shape:
                  head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
                  tie=cfg.tie_word_embeddings, qkv_bias=cfg.qkv_bias, gated=cfg.gated_mlp, out_bias=cfg.out_bias,
                  mlp_bias=cfg.mlp_bias, layer_norm=cfg.norm_type == "layer", qk_norm=cfg.qk_norm,
+                 sandwich_norms=cfg.sandwich_norms,
                  positions=cfg.max_position_embeddings if cfg.learned_positions else 0)

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", help="write the results here")
     parser.add_argument("--preset", default="bench",
                         help="bench model preset: tiny, bench (CPU), smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, "
-                             "llama3-8b (random weights), smollm2-135m-instruct (models/ if installed)")
+                             "llama3-8b, gemma3-270m (random weights), smollm2-135m-instruct (models/ if installed)")
     parser.add_argument("--family", default="llama", choices=["llama", "qwen2", "qwen3", "gpt2"])
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                         help="compute dtype (default: bfloat16 when JAX's backend is a GPU, float32 on CPU)")

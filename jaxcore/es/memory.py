@@ -50,9 +50,9 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
                                                                                     "pos_embed.table"))
     compute = 0.0
     for path, shape in shapes.items():
-        d_in, d_out = split_divisors(path, shape, m) if len(shape) == 2 else (1, 1)
+        d_in, d_out = split_divisors(path, shape, m, cfg.head_dim) if len(shape) == 2 else (1, 1)
         compute += math.prod(shape) * c / (d_in * d_out)
-    master_div = {p: master_divisors(p, s, pop, m, shard_min_size) for p, s in shapes.items()}
+    master_div = {p: master_divisors(p, s, pop, m, shard_min_size, cfg.head_dim) for p, s in shapes.items()}
 
     def sliced(path: str, itemsize: float) -> float:
         return math.prod(shapes[path]) * itemsize / math.prod(master_div[path])
@@ -65,7 +65,7 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
     factors = regenerate = 0.0
     for path in targets:
         i, o = shapes[path]
-        d_in, d_out = split_divisors(path, shapes[path], m)
+        d_in, d_out = split_divisors(path, shapes[path], m, cfg.head_dim)
         factors += pairs_per_device * rank * (i / d_in + o / d_out) * c
         # estimate_gradient: each device regenerates every pair's factors in fp32, but only the slice
         # its part of g needs along the sharded dimension (a draw and its scaled copy)

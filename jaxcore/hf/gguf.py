@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jaxcore.hf.convert import CheckpointError, atomic_directory
 
-SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "gpt2")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3_text")
 
 
 def _first_line(err: BaseException) -> str:
@@ -62,8 +62,9 @@ def load_gguf(gguf_file: str | os.PathLike) -> tuple[object, object]:
     return model, tokenizer
 
 
-def gguf_to_hf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write `out_dir` (config, safetensors, tokenizer, chat template) from a GGUF file, atomically."""
+def gguf_to_hf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write `out_dir` (config, safetensors, tokenizer, chat template) from a GGUF file, atomically (never over
+    the GGUF file; an existing `out_dir` is replaced only with `overwrite`)."""
     model, tokenizer = load_gguf(gguf_file)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -73,4 +74,4 @@ def gguf_to_hf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike) -> Path
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
 
-    return atomic_directory(out_dir, write)
+    return atomic_directory(out_dir, write, inputs=(gguf_file,), overwrite=overwrite)

@@ -17,6 +17,10 @@ from jaxcore.model.config import ModelConfig
 
 # Buffers some HF checkpoints carry that are not parameters (causal-mask and RoPE caches).
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+# A multimodal Gemma 3 checkpoint (model_type gemma3): where its text tower's `model.` tensors live (transformers
+# 5.x, 4.x), and the vision tensors beside them, which a text-only model leaves out (and does not export).
+_TEXT_TOWER_ROOTS = {"model.language_model.": ("model.vision_tower.", "model.multi_modal_projector."),
+                     "language_model.model.": ("vision_tower.", "multi_modal_projector.")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +36,10 @@ class TensorMap:
     kind: str = "copy"
 
 
-def _decoder_maps(cfg: ModelConfig) -> Iterator[TensorMap]:
-    yield TensorMap("model.embed_tokens.weight", ("embed.table",))
+def _decoder_maps(cfg: ModelConfig, root: str = "model.") -> Iterator[TensorMap]:
+    yield TensorMap(f"{root}embed_tokens.weight", ("embed.table",))
     for i in range(cfg.num_layers):
-        hf, jx = f"model.layers.{i}", f"blocks.{i}"
+        hf, jx = f"{root}layers.{i}", f"blocks.{i}"
         for name in "qkvo":
             yield TensorMap(f"{hf}.self_attn.{name}_proj.weight", (f"{jx}.attn.{name}.kernel",),
                             "transpose")
@@ -50,8 +54,13 @@ def _decoder_maps(cfg: ModelConfig) -> Iterator[TensorMap]:
             if cfg.mlp_bias:
                 yield TensorMap(f"{hf}.mlp.{name}_proj.bias", (f"{jx}.mlp.{name}.bias",))
         yield TensorMap(f"{hf}.input_layernorm.weight", (f"{jx}.attn_norm.scale",))
-        yield TensorMap(f"{hf}.post_attention_layernorm.weight", (f"{jx}.mlp_norm.scale",))
-    yield TensorMap("model.norm.weight", ("final_norm.scale",))
+        if cfg.sandwich_norms:      # Gemma: post_attention_layernorm is after attention, not before the MLP
+            yield TensorMap(f"{hf}.post_attention_layernorm.weight", (f"{jx}.attn_post_norm.scale",))
+            yield TensorMap(f"{hf}.pre_feedforward_layernorm.weight", (f"{jx}.mlp_norm.scale",))
+            yield TensorMap(f"{hf}.post_feedforward_layernorm.weight", (f"{jx}.mlp_post_norm.scale",))
+        else:
+            yield TensorMap(f"{hf}.post_attention_layernorm.weight", (f"{jx}.mlp_norm.scale",))
+    yield TensorMap(f"{root}norm.weight", ("final_norm.scale",))
     if not cfg.tie_word_embeddings:
         yield TensorMap("lm_head.weight", ("lm_head.kernel",), "transpose")
 
@@ -77,11 +86,21 @@ def _gpt2_maps(cfg: ModelConfig, prefix: str) -> Iterator[TensorMap]:
         yield TensorMap("lm_head.weight", ("lm_head.kernel",), "transpose")
 
 
-def tensor_maps(cfg: ModelConfig, gpt2_prefix: str = "transformer.") -> list[TensorMap]:
-    """The full HF <-> jaxcore mapping for a config."""
+def tensor_maps(cfg: ModelConfig, gpt2_prefix: str = "transformer.", root: str = "model.") -> list[TensorMap]:
+    """The full HF <-> jaxcore mapping for a config (`root`: where a decoder's `model.` tensors are)."""
     if cfg.is_gpt2:
         return list(_gpt2_maps(cfg, gpt2_prefix))
-    return list(_decoder_maps(cfg))
+    return list(_decoder_maps(cfg, root))
+
+
+def text_tower_root(cfg: ModelConfig, tensors: Mapping[str, Any]) -> str:
+    """Where a Gemma 3 checkpoint keeps its text model: "model." (gemma3_text), or a multimodal checkpoint's
+    language-model prefix; "model." for every other family."""
+    if cfg.is_gemma:
+        for root in _TEXT_TOWER_ROOTS:
+            if f"{root}embed_tokens.weight" in tensors:
+                return root
+    return "model."
 
 def _check_shape(key: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
     if tuple(shape) != tuple(expected):
@@ -101,10 +120,12 @@ def checked_maps(cfg: ModelConfig, shapes: Mapping[str, tuple[int, ...]],
                  expected_shapes: Mapping[str, tuple[int, ...]]) -> list[TensorMap]:
     """The mapping for `cfg`, checked against the HF tensors' `shapes` ({name: shape}, e.g. from the
     headers): an unexpected, missing or misshapen tensor raises a one-line CheckpointError."""
-    maps = tensor_maps(cfg, gpt2_key_prefix(shapes) if cfg.is_gpt2 else "transformer.")
+    root = text_tower_root(cfg, shapes)
+    maps = tensor_maps(cfg, gpt2_key_prefix(shapes) if cfg.is_gpt2 else "transformer.", root)
     known = {m.hf_key for m in maps}
     for key in sorted(shapes):
-        ignorable = key.endswith(_IGNORED_SUFFIXES) or (key == "lm_head.weight" and cfg.tie_word_embeddings)
+        ignorable = (key.endswith(_IGNORED_SUFFIXES) or (key == "lm_head.weight" and cfg.tie_word_embeddings)
+                     or key.startswith(_TEXT_TOWER_ROOTS.get(root, ())))
         if key not in known and not ignorable:
             raise CheckpointError(f"unexpected tensor {key} for model_type {cfg.family}")
     for m in maps:

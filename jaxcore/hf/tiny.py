@@ -12,14 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3")
 SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>"}
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
-# Architecture presets shared by every family (GPT-2 ignores the GQA/head_dim fields).
+# Architecture presets shared by every family (GPT-2 ignores the GQA/head_dim fields; only Gemma 3 reads
+# sliding_window, layer_types, query_pre_attn_scalar, final_logit_softcapping and rope_local_theta).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=None, max_pos=512),
     # ~34M parameters: the CPU benchmark model.
@@ -36,9 +37,17 @@ PRESETS: dict[str, dict[str, Any]] = {
                       max_pos=131072, rope_theta=500000.0, tie=False, family="llama",
                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "gemma3-270m": dict(hidden=640, layers=18, heads=4, kv_heads=1, intermediate=2048, vocab=262144, max_pos=32768,
+                        head_dim=256, rope_theta=1000000.0, tie=True, family="gemma3", sliding_window=512),
 }
 # The family each real-size preset belongs to (others default to the caller's family).
-PRESET_FAMILY = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "qwen2.5-1.5b": "qwen2", "llama3-8b": "llama"}
+PRESET_FAMILY = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "qwen2.5-1.5b": "qwen2", "llama3-8b": "llama",
+                 "gemma3-270m": "gemma3"}
+# Gemma 3 at the tiny preset: a window shorter than the test prompts, local and global layers, a query scale
+# that is not head_dim, and linear RoPE scaling on the global layers (as the 4B+ models have).
+GEMMA3_TINY = dict(head_dim=32, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+                   query_pre_attn_scalar=24, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                   rope_local_theta=100.0)
 
 
 def preset_config(preset: str, family: str | None = None) -> dict[str, Any]:
@@ -76,7 +85,7 @@ def hf_config(family: str, preset: str = "tiny", *, vocab_size: int, tie: bool |
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     p = {k: v for k, v in {**PRESETS[preset], **overrides}.items() if k != "family"}
-    tie = p.get("tie", family in ("qwen3", "gpt2")) if tie is None else tie
+    tie = p.get("tie", family in ("qwen3", "gpt2", "gemma3")) if tie is None else tie
     ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "gpt2":
         return transformers.GPT2Config(
@@ -94,6 +103,8 @@ def hf_config(family: str, preset: str = "tiny", *, vocab_size: int, tie: bool |
                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
         rope = {"rope_theta": theta, **(scaling or {"rope_type": "default"})}
         return transformers.LlamaConfig(**common, rope_parameters=rope)
+    if family == "gemma3":
+        return _gemma3_config(common, {**(GEMMA3_TINY if preset == "tiny" else {}), **p}, theta)
     rope = {"rope_theta": theta, "rope_type": "default"}
     if family == "qwen2":
         return transformers.Qwen2Config(**common, rope_parameters=rope)
@@ -101,8 +112,25 @@ def hf_config(family: str, preset: str = "tiny", *, vocab_size: int, tie: bool |
     return transformers.Qwen3Config(**common, head_dim=head_dim, rope_parameters=rope)
 
 
-def _randomise(model: Any, seed: int) -> None:
-    """Give every tensor (norm scales and biases too) non-trivial values, so mapping bugs show."""
+def _gemma3_config(common: dict[str, Any], p: dict[str, Any], theta: float) -> Any:
+    """A Gemma3TextConfig: layer_types as given, or every `pattern`-th layer (default 6) global."""
+    import transformers
+
+    types = list(p.get("layer_types") or ["sliding_attention" if (i + 1) % p.get("pattern", 6) else "full_attention"
+                                          for i in range(p["layers"])])
+    rope = {"full_attention": {"rope_theta": theta, **(p.get("rope_scaling") or {"rope_type": "default"})},
+            "sliding_attention": {"rope_theta": p.get("rope_local_theta", 10000.0), "rope_type": "default"}}
+    return transformers.Gemma3TextConfig(
+        **{**common, "rms_norm_eps": 1e-6}, head_dim=p.get("head_dim", p["hidden"] // p["heads"]),
+        rope_parameters=rope, layer_types=types, sliding_window=p.get("sliding_window", 4096),
+        query_pre_attn_scalar=p.get("query_pre_attn_scalar", 256),
+        final_logit_softcapping=p.get("final_logit_softcapping"),
+        attn_logit_softcapping=p.get("attn_logit_softcapping"), hidden_activation="gelu_pytorch_tanh")
+
+
+def _randomise(model: Any, seed: int, norm_offset: float = 1.0) -> None:
+    """Give every tensor (norm scales and biases too) non-trivial values, so mapping bugs show. Norm scales are
+    `norm_offset + 0.1 * noise`: 0 for Gemma, whose norms multiply by (1 + scale)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -114,7 +142,7 @@ def _randomise(model: Any, seed: int) -> None:
             elif name.endswith("bias"):
                 param.copy_(0.1 * noise)
             else:
-                param.copy_(1.0 + 0.1 * noise)
+                param.copy_(norm_offset + 0.1 * noise)
 
 
 def write_tiny_checkpoint(out_dir: str | os.PathLike, family: str = "llama", *, preset: str = "tiny",
@@ -131,7 +159,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, family: str = "llama", *, 
     config = hf_config(family, preset, vocab_size=vocab, tie=tie, **overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _randomise(model, seed)
+    _randomise(model, seed, norm_offset=0.0 if family == "gemma3" else 1.0)
     model = model.to(getattr(torch, dtype))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     transformers.utils.logging.disable_progress_bar()

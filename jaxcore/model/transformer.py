@@ -1,8 +1,11 @@
-"""One decoder-only transformer (Flax NNX) for the Llama, Qwen2/2.5, Qwen3 and GPT-2 families.
+"""One decoder-only transformer (Flax NNX) for the Llama, Qwen2/2.5, Qwen3, GPT-2 and Gemma 3 families.
 
 The model is written for a single batch of sequences and touches its weights only through
 array operators (``x @ kernel``, ``table[ids]``, ``x @ table.T``, ``.astype``). That is what lets
 ``jaxcore.es.eggroll`` swap a weight for a low-rank-perturbed stand-in without the model knowing.
+
+Per-layer differences (Gemma 3's sliding-window layers and their RoPE base) are data from the config
+(`ModelConfig.layer_window`, `layer_rope`), not other classes.
 
 Shape suffixes: B batch, T query length, S key/cache length, D model width, H heads,
 K key/value heads, E head dim, F MLP width, V vocabulary.
@@ -53,12 +56,14 @@ def positions_from_mask(attention_mask_BT: Array) -> Array:
     return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> np.ndarray:
-    """Inverse RoPE frequencies [E/2] in float32, including HF's `linear` and `llama3` scaling."""
+def rope_inverse_frequencies(config: ModelConfig, layer: int = 0) -> np.ndarray:
+    """Inverse RoPE frequencies [E/2] of layer `layer` in float32, including HF's `linear` and `llama3` scaling."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
-    inv_freq = inv_freq.astype(np.float32)
-    params = config.rope_params()
+    theta, params = config.layer_rope(layer)
+    # torch's float32 `base ** t` is (nearly always) the correctly rounded power, which numpy's float32 pow is not
+    # (1 ulp off in ~10% of entries): the power in float64 rounded to float32, then 1 / it in float32, as HF.
+    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = np.float32(1.0) / (np.float64(theta) ** exponent.astype(np.float64)).astype(np.float32)
     rope_type = params.get("rope_type", "default")
     if rope_type == "linear":
         return (inv_freq / np.float32(params["factor"])).astype(np.float32)
@@ -81,7 +86,7 @@ def apply_rope(x_BTHE: Array, positions_BT: Array, inv_freq: np.ndarray) -> Arra
     angles_BTe = positions_BT[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
     angles_BTE = jnp.concatenate([angles_BTe, angles_BTe], axis=-1)[:, :, None, :]
     cos, sin = jnp.cos(angles_BTE), jnp.sin(angles_BTE)
-    x = x_BTHE.astype(jnp.float32)
+    x = x_BTHE.astype(jnp.promote_types(x_BTHE.dtype, jnp.float32))     # float64 stays float64
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos + rotated * sin).astype(x_BTHE.dtype)
@@ -126,7 +131,8 @@ class Linear(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """RMSNorm (Llama/Qwen) or LayerNorm (GPT-2), normalising in float32."""
+    """RMSNorm (Llama/Qwen: scale * x; Gemma, kind "rms_offset": (1 + scale) * x, all in float32) or LayerNorm
+    (GPT-2), normalising in float32."""
 
     def __init__(self, dim: int, kind: str, eps: float, *, param_dtype: Any):
         self.kind, self.eps = kind, eps
@@ -134,13 +140,16 @@ class Norm(nnx.Module):
         self.bias = _param(jnp.zeros((dim,), param_dtype)) if kind == "layer" else None
 
     def __call__(self, x: Array) -> Array:
-        h = x.astype(jnp.float32)
+        f32 = jnp.promote_types(x.dtype, jnp.float32)      # float32 (float64 stays float64)
+        h = x.astype(f32)
         if self.kind == "layer":
             h = h - h.mean(-1, keepdims=True)
             h = h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + self.eps)
-            h = h * _value(self.scale).astype(jnp.float32) + _value(self.bias).astype(jnp.float32)
+            h = h * _value(self.scale).astype(f32) + _value(self.bias).astype(f32)
             return h.astype(x.dtype)
         h = h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + self.eps)
+        if self.kind == "rms_offset":     # h * (1 + scale), written so that a population stand-in can be the scale
+            return (h + _value(self.scale).astype(f32) * h).astype(x.dtype)
         return _value(self.scale).astype(x.dtype) * h.astype(x.dtype)
 
 
@@ -170,18 +179,20 @@ class MLP(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Multi-head attention with GQA, optional q/k RMSNorm (Qwen3), RoPE, and a KV cache."""
+    """Multi-head attention with GQA, optional q/k RMSNorm (Qwen3, Gemma), RoPE, and a KV cache. Layer `layer`'s
+    RoPE base comes from the config; its sliding window is in the mask the caller passes."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs, param_dtype: Any):
         d, e = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, e
+        self.scale = config.attention_scale
         self.use_rope = not config.learned_positions
-        self.inv_freq = tuple(rope_inverse_frequencies(config).tolist()) if self.use_rope else ()
+        self.inv_freq = tuple(rope_inverse_frequencies(config, layer).tolist()) if self.use_rope else ()
         self.q = Linear(d, config.num_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
         self.k = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
         self.v = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
         self.o = Linear(config.num_heads * e, d, config.out_bias, rngs=rngs, param_dtype=param_dtype)
-        norm = (lambda: Norm(e, "rms", config.norm_eps, param_dtype=param_dtype))
+        norm = (lambda: Norm(e, config.norm_type, config.norm_eps, param_dtype=param_dtype))
         self.q_norm = norm() if config.qk_norm else None
         self.k_norm = norm() if config.qk_norm else None
 
@@ -198,7 +209,7 @@ class Attention(nnx.Module):
             inv_freq = np.asarray(self.inv_freq, np.float32)
             q_BTHE = apply_rope(q_BTHE, positions_BT, inv_freq)
             k_BTKE = apply_rope(k_BTKE, positions_BT, inv_freq)
-        scale = 1.0 / math.sqrt(self.head_dim)
+        scale = self.scale
         if cache_kv is None:
             out_BTHE = jax.nn.dot_product_attention(q_BTHE, k_BTKE, v_BTKE, mask=mask_BTS[:, None, :, :],
                                                     scale=scale)
@@ -217,15 +228,18 @@ class Attention(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma)
+    x + post_norm(attn(norm(x))), then x + post_norm(mlp(norm(x)))."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs, param_dtype: Any):
         norm = (lambda: Norm(config.hidden_size, config.norm_type, config.norm_eps,
                              param_dtype=param_dtype))
         self.attn_norm = norm()
-        self.attn = Attention(config, rngs=rngs, param_dtype=param_dtype)
+        self.attn = Attention(config, layer, rngs=rngs, param_dtype=param_dtype)
+        self.attn_post_norm = norm() if config.sandwich_norms else None
         self.mlp_norm = norm()
         self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
+        self.mlp_post_norm = norm() if config.sandwich_norms else None
 
     def __call__(self, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
                  cache_kv: tuple[Array, Array] | None = None, cache_index: Array | None = None
@@ -233,9 +247,14 @@ class Block(nnx.Module):
         with jax.named_scope("attention"):
             h_BTD, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, mask_BTS,
                                         cache_kv, cache_index)
+        if self.attn_post_norm is not None:
+            h_BTD = self.attn_post_norm(h_BTD)
         x_BTD = x_BTD + h_BTD
         with jax.named_scope("mlp"):
-            x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+            h_BTD = self.mlp(self.mlp_norm(x_BTD))
+            if self.mlp_post_norm is not None:
+                h_BTD = self.mlp_post_norm(h_BTD)
+            x_BTD = x_BTD + h_BTD
         return x_BTD, cache_kv
 
 
@@ -263,8 +282,8 @@ class Transformer(nnx.Module):
         self.embed = Embedding(config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype)
         self.pos_embed = (Embedding(config.max_position_embeddings, config.hidden_size, rngs=rngs,
                                     param_dtype=param_dtype) if config.learned_positions else None)
-        self.blocks = nnx.List([Block(config, rngs=rngs, param_dtype=param_dtype)
-                                for _ in range(config.num_layers)])
+        self.blocks = nnx.List([Block(config, i, rngs=rngs, param_dtype=param_dtype)
+                                for i in range(config.num_layers)])
         self.final_norm = Norm(config.hidden_size, config.norm_type, config.norm_eps,
                                param_dtype=param_dtype)
         self.lm_head = (None if config.tie_word_embeddings else
@@ -284,10 +303,9 @@ class Transformer(nnx.Module):
         attention_mask_BT = attention_mask_BT.astype(bool)
         if positions_BT is None:
             positions_BT = positions_from_mask(attention_mask_BT)
-        t = input_ids_BT.shape[1]
-        causal_TS = jnp.tril(jnp.ones((t, t), bool))
-        mask_BTS = causal_TS[None] & attention_mask_BT[:, None, :]
-        hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, mask_BTS, None, None)
+        slot_T = jnp.arange(input_ids_BT.shape[1])
+        hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, self._masks(slot_T, slot_T, attention_mask_BT),
+                                    None, None)
         return self.logits(hidden_BTD[:, logits_from:] if logits_from else hidden_BTD)
 
     def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
@@ -300,10 +318,8 @@ class Transformer(nnx.Module):
         """
         t = input_ids_BT.shape[1]
         valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT.astype(bool), (0, cache_index))
-        query_slot_T = cache_index + jnp.arange(t)
-        causal_TS = jnp.arange(cache.length)[None, :] <= query_slot_T[:, None]
-        mask_BTS = causal_TS[None] & valid_BS[:, None, :]
-        hidden_BTD, kv = self._trunk(input_ids_BT, positions_BT, mask_BTS,
+        masks = self._masks(cache_index + jnp.arange(t), jnp.arange(cache.length), valid_BS)
+        hidden_BTD, kv = self._trunk(input_ids_BT, positions_BT, masks,
                                      list(zip(cache.keys, cache.values)), cache_index)
         if last_only:
             hidden_BTD = hidden_BTD[:, -1:]
@@ -311,23 +327,38 @@ class Transformer(nnx.Module):
         return self.logits(hidden_BTD), KVCache(keys, values, valid_BS)
 
     def logits(self, hidden_BTD: Array) -> Array:
-        """Final norm and LM head; logits are returned in float32."""
+        """Final norm, LM head and (Gemma) soft-capping, in the compute dtype as HF does; returned in float32."""
         h_BTD = self.final_norm(hidden_BTD)
         logits_BTV = self.embed.attend(h_BTD) if self.lm_head is None else self.lm_head(h_BTD)
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits_BTV = jnp.tanh(logits_BTV / cap) * cap
         return logits_BTV.astype(jnp.float32)
 
-    def _trunk(self, input_ids_BT: Array, positions_BT: Array, mask_BTS: Array,
+    def _masks(self, query_slot_T: Array, key_slot_S: Array, valid_BS: Array) -> dict[int | None, Array]:
+        """{window: mask_BTS} for every window the layers use (None: full causal attention).
+
+        A sliding layer's query at slot q sees keys at slots (q - window, q], as HF's sliding-window mask does;
+        slots, not positions, so that left padding counts as in HF (the padding is masked out anyway)."""
+        causal_TS = key_slot_S[None, :] <= query_slot_T[:, None]
+        windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
+        return {w: (causal_TS if w is None else causal_TS & (key_slot_S[None, :] > query_slot_T[:, None] - w))[None]
+                & valid_BS[:, None, :] for w in windows}
+
+    def _trunk(self, input_ids_BT: Array, positions_BT: Array, masks: dict[int | None, Array],
                cache_kv: list[tuple[Array, Array]] | None, cache_index: Array | None
                ) -> tuple[Array, list[tuple[Array, Array]] | None]:
         x_BTD = self.embed(input_ids_BT, self.dtype)
+        if self.config.embed_scale is not None:     # Gemma: sqrt(hidden) rounded to the compute dtype, as HF does
+            x_BTD = x_BTD * jnp.asarray(self.config.embed_scale, self.dtype)
         if self.pos_embed is not None:
             x_BTD = x_BTD + self.pos_embed(positions_BT, self.dtype)
         new_cache = [] if cache_kv is not None else None
         for i, block in enumerate(self.blocks):
             layer_kv = cache_kv[i] if cache_kv is not None else None
             with jax.named_scope(f"block_{i}"):
-                x_BTD, layer_kv = self._run_block(block, x_BTD, positions_BT, mask_BTS, layer_kv,
-                                                  cache_index)
+                x_BTD, layer_kv = self._run_block(block, x_BTD, positions_BT, masks[self.config.layer_window(i)],
+                                                  layer_kv, cache_index)
             if new_cache is not None:
                 new_cache.append(layer_kv)
         return x_BTD, new_cache

@@ -61,11 +61,17 @@ def replicate_model(model: Any, mesh: Mesh) -> Any:
 
 _COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up", "lm_head")   # shard the output dim
 _ROW_PARALLEL = ("attn.o", "mlp.down")                                               # shard the input dim
+_ATTENTION = ("attn.q", "attn.k", "attn.v", "attn.o")                                # split between whole heads
 
 
-def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size: int) -> P:
+def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size: int,
+                         head_dim: int | None = None) -> P:
     """Megatron layout: column-parallel q/k/v/gate/up/lm_head (output dim, and their biases),
-    row-parallel o/down (input dim), the embedding table over its hidden dim; the rest replicated."""
+    row-parallel o/down (input dim), the embedding table over its hidden dim; the rest replicated.
+
+    With `head_dim`, attention projections split only between whole heads: q/k/v/o stay replicated when
+    their head count does not divide by `axis_size` (Gemma 3 270M's single key/value head on a model
+    axis of 2), rather than splitting a head's dot product across devices."""
     module, _, leaf = path.rpartition(".")
     module = module.split(".", 2)[-1] if module.startswith("blocks.") else module
     dims: list[str | None] = [None] * len(shape)
@@ -79,12 +85,14 @@ def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size
         dim = None
     if axis_size == 1 or dim is None or shape[dim] % axis_size:
         return P()
+    if head_dim and module in _ATTENTION and (shape[dim] // head_dim) % axis_size:
+        return P()
     dims[dim] = axis
     return P(*dims)
 
 
 def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_size: int,
-                     min_size: int = SHARD_MIN_SIZE) -> P:
+                     min_size: int = SHARD_MIN_SIZE, head_dim: int | None = None) -> P:
     """fp32 masters and optimizer state on a (pop, model) mesh of `pop_size * model_size` devices.
 
     A weight with a tensor-parallel dimension is split along it over "model" exactly as its compute copy
@@ -92,12 +100,12 @@ def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_siz
     ("model", "pop"), when that comes first): each device's slice then lies inside its compute slice, and
     re-assembling the compute weights is a contiguous gather over "pop", never a full weight. Every other
     leaf is split over all devices along its most major dimension that divides (contiguous gathers
-    again); leaves smaller than `min_size` stay replicated.
+    again); leaves smaller than `min_size` stay replicated. `head_dim`: as `tensor_parallel_spec`'s.
     """
     devices = pop_size * model_size
     if math.prod(shape) < min_size or devices == 1:
         return P()
-    tp = tuple(tensor_parallel_spec(path, shape, MODEL, model_size))
+    tp = tuple(tensor_parallel_spec(path, shape, MODEL, model_size, head_dim))
     tp_dim = next((d for d, axis in enumerate(tp) if axis), None)
     dims: list[Any] = list(tp) + [None] * (len(shape) - len(tp))
     if tp_dim is None:
@@ -115,9 +123,10 @@ def master_partition(path: str, shape: tuple[int, ...], pop_size: int, model_siz
     return P(*dims)
 
 
-def master_spec(path: str, shape: tuple[int, ...], mesh: Mesh, min_size: int = SHARD_MIN_SIZE) -> P:
+def master_spec(path: str, shape: tuple[int, ...], mesh: Mesh, min_size: int = SHARD_MIN_SIZE,
+                head_dim: int | None = None) -> P:
     """`master_partition` on an ES mesh (`es_mesh`)."""
-    return master_partition(path, shape, mesh.shape[POP], mesh.shape[MODEL], min_size)
+    return master_partition(path, shape, mesh.shape[POP], mesh.shape[MODEL], min_size, head_dim)
 
 
 def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
@@ -188,10 +197,10 @@ def gathered_model(model: Any) -> Any:
 # ----------------------------------------------------------------------------- loading into shardings
 
 
-def master_shardings(mesh: Mesh, min_size: int = SHARD_MIN_SIZE) -> Any:
+def master_shardings(mesh: Mesh, min_size: int = SHARD_MIN_SIZE, head_dim: int | None = None) -> Any:
     """(path, shape) -> the master weights' NamedSharding on `mesh` (`master_spec`): pass as
     `load_hf(..., shardings=)` / `load_model(..., shardings=)` to load straight into the ES masters' layout."""
-    return lambda path, shape: NamedSharding(mesh, master_spec(path, tuple(shape), mesh, min_size))
+    return lambda path, shape: NamedSharding(mesh, master_spec(path, tuple(shape), mesh, min_size, head_dim))
 
 
 def fsdp_sharding_fn(mesh: Mesh, axis: str = "fsdp", min_size: int = SHARD_MIN_SIZE) -> Any:

@@ -125,9 +125,10 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in flat_state(abstract_model(cfg)).items()}
 
 
-def split_divisors(path: str, shape: tuple[int, ...], m: int) -> tuple[int, int]:
-    """(input, output) divisors of a weight over the model axis (its tensor-parallel spec)."""
-    spec = tuple(tensor_parallel_spec(path, shape, "model", m)) + (None, None)
+def split_divisors(path: str, shape: tuple[int, ...], m: int, head_dim: int | None = None) -> tuple[int, int]:
+    """(input, output) divisors of a weight over the model axis (its tensor-parallel spec, head-aligned
+    with `head_dim`)."""
+    spec = tuple(tensor_parallel_spec(path, shape, "model", m, head_dim)) + (None, None)
     return (m if spec[0] else 1), (m if spec[1] else 1)
 
 
@@ -144,9 +145,11 @@ def fsdp_bytes(shape: tuple[int, ...], size: int, itemsize: float) -> float:
     return math.prod(shape) * itemsize / math.prod(divisors)
 
 
-def master_divisors(path: str, shape: tuple[int, ...], pop: int, m: int, min_size: int) -> tuple[int, ...]:
+def master_divisors(path: str, shape: tuple[int, ...], pop: int, m: int, min_size: int,
+                    head_dim: int | None = None) -> tuple[int, ...]:
     """Per-dimension divisors of an ES master on a (pop, model) mesh (`sharding.master_partition`)."""
-    return spec_divisors(master_partition(path, shape, pop, m, min_size), len(shape), {POP: pop, MODEL: m})
+    return spec_divisors(master_partition(path, shape, pop, m, min_size, head_dim), len(shape),
+                         {POP: pop, MODEL: m})
 
 
 def itemsize(dtype: str, key: str) -> int:

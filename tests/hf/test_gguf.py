@@ -135,7 +135,8 @@ def test_architecture_we_do_not_support_is_one_line(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: phi3)
     message = convert_error(tmp_path, capsys, path)
-    assert f"{path}: architecture 'phi3' is not supported (supported: llama, qwen2, qwen3, gpt2)" in message
+    supported = "llama, qwen2, qwen3, gpt2, gemma3_text"
+    assert f"{path}: architecture 'phi3' is not supported (supported: {supported})" in message
 
 
 def test_tensor_type_transformers_cannot_dequantize_is_one_line(tmp_path, capsys, monkeypatch):

@@ -37,7 +37,7 @@ def train_two_epochs(path, devices, model_size: int):
 
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
-    path = tiny_dir("llama")
+    path = tiny_dir("llama", kv_heads=4)      # whole heads on each of 4 devices: every kernel splits
     model, _ = train_two_epochs(path, jax.devices()[:1], 1)
     return path, {k: np.asarray(v) for k, v in flat_state(model).items()}
 
@@ -101,7 +101,7 @@ def test_resume_on_a_different_mesh_shape(tiny_dir, tmp_path):
 def test_factors_are_sharded_like_their_weight(tiny_dir):
     """On (pop=2, model=4): A [P, I, r] is split like W's input dim, B [P, O, r] like its output dim,
     and the pairs over "pop" (column-parallel q/k/v/gate/up split B, row-parallel o/down split A)."""
-    model = jaxcore.load_hf(tiny_dir("llama"))
+    model = jaxcore.load_hf(tiny_dir("llama", kv_heads=4))     # 4 kv heads: k/v split by heads over 4 devices
     mesh = meshes.es_mesh(4)
     rows = meshes.leading_axis(mesh, meshes.POP)
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=16, rank=2))
@@ -128,16 +128,16 @@ def test_factors_are_sharded_like_their_weight(tiny_dir):
 def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
     """The prefill that evaluation and rollouts compile on (pop=2, model=4): every weight argument is a
     quarter per device (XLA's own argument bytes ~1/4 of the replicated weights), and no collective
-    gathers a weight: every all-gather is of per-row activations or KV cache (kv_heads=2 over 4
-    devices splits k/v mid-head, so XLA gathers their activations; the mesh equality tests above cover
-    that case numerically)."""
+    gathers a weight: every all-gather is of per-row activations or KV cache (a head count that does not
+    divide by the model axis keeps its projections whole: `test_tensor_parallel_attention_splits_only_between_
+    whole_heads`)."""
     import re
 
     from flax import nnx
 
     from jaxcore.inference.generate import _prefill
 
-    model = jaxcore.load_hf(tiny_dir("llama", tie=True))     # tied: no [H, 259] lm_head (259 % 4 != 0)
+    model = jaxcore.load_hf(tiny_dir("llama", tie=True, kv_heads=4))   # tied: no [H, 259] lm_head (259 % 4)
     mesh = meshes.es_mesh(4)
     compute = compute_model(model, mesh)
     rows = meshes.leading_axis(mesh, meshes.POP)
@@ -211,7 +211,7 @@ def cli_runs(tiny_dir, tmp_path_factory):
     mesh.shard_min_size (every tiny weight stays replicated)."""
     from jaxcore.hf.convert import read_safetensors
 
-    model, root = tiny_dir("llama"), tmp_path_factory.mktemp("cli")
+    model, root = tiny_dir("llama", kv_heads=4), tmp_path_factory.mktemp("cli")   # every kernel splits 4 ways
     assert es_cli(model, root / "straight", "train.epochs=4") == 0
     assert es_cli(model, root / "half", "train.epochs=2") == 0
     return model, root, read_safetensors(root / "straight" / "final_hf")
@@ -353,17 +353,18 @@ def slices(named: jax.sharding.NamedSharding, shape) -> dict:
 
 
 @pytest.mark.parametrize("model_size", [1, 2, 4])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma3"])
 def test_every_master_slice_lies_inside_its_compute_slice(tiny_dir, family, model_size):
     """Each device's master slice is inside its compute (tensor-parallel) slice and split along a major
     dimension, so re-assembling the compute weights gathers over "pop" only, never a full weight."""
     model = jaxcore.load_hf(tiny_dir(family))
-    mesh = meshes.es_mesh(model_size)
+    mesh, head_dim = meshes.es_mesh(model_size), model.config.head_dim
     for path, value in flat_state(model).items():
         shape = tuple(value.shape)
-        master = jax.sharding.NamedSharding(mesh, sharding.master_spec(path, shape, mesh, min_size=1))
+        master = jax.sharding.NamedSharding(mesh, sharding.master_spec(path, shape, mesh, min_size=1,
+                                                                       head_dim=head_dim))
         compute = jax.sharding.NamedSharding(mesh, sharding.tensor_parallel_spec(path, shape, meshes.MODEL,
-                                                                                   model_size))
+                                                                                   model_size, head_dim))
         inner, outer = slices(master, shape), slices(compute, shape)
         for device, ranges in inner.items():
             assert all(o[0] <= i[0] and i[1] <= o[1] for i, o in zip(ranges, outer[device])), (path, device)
@@ -411,3 +412,32 @@ def test_planner_follows_shard_min_size(tiny_dir):
         held = sum(x.addressable_shards[0].data.nbytes for x in flat_state(algorithm.model).values())
         planned = plan_es_config(cfg, algorithm.model.config, devices=8).terms["master weights"]
         np.testing.assert_allclose(planned, held, rtol=1e-6)
+
+
+@pytest.mark.parametrize("model_size", [2, 4])
+def test_tensor_parallel_attention_splits_only_between_whole_heads(tiny_dir, model_size):
+    """Tiny Gemma 3 has 4 query heads and 2 key/value heads of width 32: on a model axis of 4 the key/value
+    projections stay whole (a split would cut each head's dot product in half), q and o split by heads; the
+    compute copy the trainer builds (`compute_model`) and the planner follow the same layout."""
+    from jaxcore.es.algorithm import compute_model
+    from jaxcore.runtime.memory import split_divisors
+
+    model = jaxcore.load_hf(tiny_dir("gemma3"))
+    cfg = model.config
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 32)
+    mesh = meshes.es_mesh(model_size)
+    compute = flat_state(compute_model(model, mesh))
+    kv_split = cfg.num_kv_heads % model_size == 0
+    for name, heads, dim in (("q", cfg.num_heads, 1), ("k", cfg.num_kv_heads, 1), ("v", cfg.num_kv_heads, 1),
+                             ("o", cfg.num_heads, 0)):
+        weight = compute[f"blocks.0.attn.{name}.kernel"]
+        spec = tuple(weight.sharding.spec) + (None, None)
+        split = heads % model_size == 0
+        assert (spec[dim] == meshes.MODEL) == split, (name, spec)
+        rows = {tuple((s.start or 0, s.stop) for s in index) for index in
+                weight.sharding.devices_indices_map(tuple(weight.shape)).values()}
+        widths = {r[dim][1] - r[dim][0] if r[dim][1] is not None else weight.shape[dim] for r in rows}
+        assert all(w % cfg.head_dim == 0 for w in widths), (name, widths)     # whole heads on every device
+        divisors = split_divisors(f"blocks.0.attn.{name}.kernel", tuple(weight.shape), model_size, cfg.head_dim)
+        assert divisors[dim] == (model_size if split else 1), (name, divisors)     # the planner counts the same
+    assert kv_split == (model_size == 2)
