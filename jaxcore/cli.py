@@ -68,6 +68,8 @@ def make_parser(prog: str, description: str | None, subcommands: dict[str, tuple
     """
     parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an unexpected error (a bug) instead of one line")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_path, help_text) in subcommands.items():
         module = importlib.import_module(module_path)
@@ -82,12 +84,29 @@ def dispatch(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence
              error_types: Callable[[], tuple[type[BaseException], ...]]) -> int:
     """Build the parser, parse, set up logging, run the subcommand. Bad input is one line on stderr and exit
     code 2; Ctrl-C anywhere (start-up included; a training run handles its first SIGINT itself) is the line
-    "interrupted" and exit code 130, without a traceback."""
+    "interrupted" and exit code 130, without a traceback. The backstop: any other exception (a bug, or bad
+    input no check names yet) is one line with its type and message and exit code 1; `--debug` re-raises it
+    (the traceback)."""
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    prog = "error"
     try:
-        return _parse_and_run(build_parser(), argv, error_types)
+        parser = build_parser()
+        prog = parser.prog
+        return _parse_and_run(parser, argv, error_types)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if debug:
+            raise
+        print(f"{prog}: error: unexpected {type(err).__name__}: {_first_line(err)} (rerun with --debug for the "
+              "traceback)", file=sys.stderr)
+        return 1
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0].strip() if lines else "(no message)"
 
 
 def _parse_and_run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
@@ -103,7 +122,7 @@ def _parse_and_run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     try:
         return int(args.run(args) or 0)
     except error_types() as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        message = _first_line(err) if str(err).strip() else type(err).__name__
         print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
         return 2
 

@@ -6,13 +6,25 @@ that cannot go on, never a bug. The modules that raise them re-export them under
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+class OutputError(UserError):
+    """An output that cannot be written safely (it exists, overlaps an input, is a link or the wrong kind, or the
+    disk is full or read-only); nothing that existed before was changed."""
+
+
 class ConfigValueError(ValueError):
     """A config file or override that does not fit the config schema."""
+
+
+class ConfigTypeError(ConfigValueError, TypeError):
+    """A config value of the wrong type (a string where an integer belongs): also a TypeError for the API."""
 
 
 class ConfigError(ValueError):
@@ -69,3 +81,28 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     NoRestorableCheckpointError,
     ResumeError, OutDirLockedError, PromptLengthError, TaskError, RewardFunctionError, TaskConfigError, TrainingError,
     FileNotFoundError)
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The text of a user's file, strictly UTF-8, or a UserError naming the file and the problem (missing,
+    unreadable, not UTF-8 or holding an encoded unpaired surrogate)."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"{path}: no such {what}")
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror})") from err
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r})") from err
+
+
+def check_text(value: str, where: str) -> str:
+    """`value` unless it holds an unpaired surrogate (JSON's "\\ud800" escape): no tokenizer or file takes those."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise UserError(f"{where}: unpaired surrogate {value[err.start]!r} at character {err.start}") from err
+    return value

@@ -2,7 +2,11 @@
 inputs and existing checkpoints unchanged.
 
 Table-driven: add a row to CASES as (id, cli, argv template, expected substring of the stderr line). `{model}`
-is a tiny HF directory, `{tmp}` a scratch directory holding FILES. CHECKPOINT_CASES run against an out_dir
+is a tiny HF directory, `{tmp}` a scratch directory holding FILES, `{damaged}` a directory of DAMAGED copies of
+the tiny model (weights of another dtype, broken tokenizer files, a jaxcore checkpoint with parts missing or
+cut short, a saved dataset with a garbage state.json). A config error comes before any file is read: a case
+whose config is bad also writes nothing (no out_dir). Generated cases (every config field across types and
+ranges, corruptions of every file a command reads) are in test_fuzz_schema.py. CHECKPOINT_CASES run against an out_dir
 that already holds two checkpoints of a tiny ES run. SUBPROCESS_CASES run the real `jaxcore`/`torchref`
 executables (in parallel, started by the first test), so stray logging or tracebacks on the process's real
 stderr are caught too; one of them is interrupted with SIGINT.
@@ -30,6 +34,20 @@ FILES = {
     "empty.txt": "",
     "notdir": "x",
     "questions.json": '[["What is 12 plus 30 and why?", "42"]]',
+    # files from the outside world: bad bytes, unpaired surrogates, wrong JSON types
+    "latin1.yaml": b"es:\n  shaping: z\xe9score\n",
+    "surrogate.yaml": 'rollout:\n  system_prompt: "\\ud800 hi"\n',
+    "latin1.txt": b"caf\xe9\n",
+    "surrogate.jsonl": '{"prompt": "a \\udc80 b"}\n',
+    "latin1.json": b'[{"prompt": "caf\xe9", "answer": "1"}]',
+    "surrogate.json": '[' + ", ".join(['{"prompt": "x \\ud83d", "answer": "1"}'] * 4) + ']',
+    "surrogate_questions.json": '[["What is \\ud800 12 plus 30?", "42"]]',
+    "hf_list/config.json": "[1, 2]",
+    "hf_null/config.json": '{"model_type": "llama", "hidden_size": null, "num_hidden_layers": 2}',
+    "hf_string/config.json": '{"model_type": "llama", "num_hidden_layers": "2"}',
+    "hf_negative/config.json": '{"model_type": "llama", "vocab_size": -5}',
+    "hf_nan/config.json": '{"model_type": "llama", "rms_norm_eps": NaN}',
+    "hf_latin1/config.json": b'{"model_type": "ll\xe9ma"}',
 }
 
 CASES = [
@@ -40,13 +58,13 @@ CASES = [
     ("es-yaml-not-mapping", "jaxcore", ["es", "--config", "{tmp}/list.yaml"],
      "the top level must be a mapping"),
     ("es-wrong-type", "jaxcore", ["es", "--config", "{tmp}/types.yaml"],
-     "es.population: expected an integer, got 'many'"),
+     "es.population='many': must be an integer"),
     ("es-unknown-key", "jaxcore", ["es", "model.path={model}", "es.nope=1", "train.out_dir={tmp}/o"],
      "unknown config key es.nope"),
     ("es-bad-number", "jaxcore", ["es", "model.path={model}", "es.sigma=abc", "train.out_dir={tmp}/o"],
-     "es.sigma: expected a number, got 'abc'"),
+     "es.sigma='abc': must be a number"),
     ("es-odd-population", "jaxcore", ["es", "model.path={model}", "es.population=7", "train.out_dir={tmp}/o"],
-     "population must be an even number"),
+     "es.population=7: must be even"),
     ("es-no-model", "jaxcore", ["es", "train.out_dir={tmp}/o"],
      "model.path is not set"),
     ("es-model-not-dir", "jaxcore", ["es", "model.path={tmp}/notdir", "train.out_dir={tmp}/o"],
@@ -69,7 +87,7 @@ CASES = [
     ("grpo-unknown-key", "jaxcore", ["grpo", "grpo.nope=1"],
      "unknown config key grpo.nope"),
     ("grpo-bad-bool", "jaxcore", ["grpo", "grpo.mask_truncated_completions=maybe"],
-     "grpo.mask_truncated_completions: expected true/false, got 'maybe'"),
+     "grpo.mask_truncated_completions='maybe': must be true or false"),
     ("generate-missing-model", "jaxcore", ["generate", "--model", "{tmp}/missing", "--prompt", "hi"],
      "{tmp}/missing: neither an HF model directory"),
     ("generate-no-prompt", "jaxcore", ["generate", "--model", "{model}"],
@@ -119,6 +137,122 @@ CASES = [
      "broken.jsonl:1: invalid JSON"),
     ("data-bad-count", "torchref", ["rft-data", "--out", "{tmp}/d", "--train", "many"],
      "argument --train: invalid int value: 'many'"),
+    # ---- config values out of their declared range (issue 24, item 8): refused before any model is loaded
+    *[(f"es-{key}={value}", "jaxcore", ["es", "model.path={model}", f"{key}={value}", "train.out_dir={tmp}/o"],
+       f"{key}={shown}: must be {allowed}") for key, value, shown, allowed in [
+        ("rollout.max_new_tokens", "0", "0", ">= 1"),
+        ("rollout.temperature", "-1", "-1", ">= 0"),
+        ("rollout.prompts_per_epoch", "0", "0", ">= 1"),
+        ("train.eval_batch_size", "0", "0", ">= 1"),
+        ("train.eval_prompts", "-1", "-1", ">= 1"),
+        ("train.seed", "-1", "-1", ">= 0"),
+        ("train.epochs", "-3", "-3", ">= 1"),
+        ("rewards.timeout_s", "0", "0", "> 0"),
+        ("es.shaping", "bogus", "'bogus'", "'zscore', 'group_zscore', 'centered_rank' or 'none'"),
+        ("model.dtype", "bogus", "'bogus'", "'float32' or 'bfloat16'"),
+        ("rollout.top_p", "0", "0", "> 0"),
+        ("es.sigma", ".nan", "nan", "a finite number"),
+        ("optimizer.name", "lion", "'lion'", "'sgd', 'adam' or 'adamw'"),
+    ]],
+    ("grpo-accumulation-zero", "jaxcore", ["grpo", "model.path={model}", "grpo.gradient_accumulation_steps=0",
+                                           "train.out_dir={tmp}/o"],
+     "grpo.gradient_accumulation_steps=0: must be >= 1"),
+    ("grpo-lora-rank-zero", "jaxcore", ["grpo", "model.path={model}", "grpo.lora={{rank: 0}}", "train.out_dir={tmp}/o"],
+     "grpo.lora.rank=0: must be >= 1"),
+    ("es-config-error-before-missing-model", "jaxcore", ["es", "model.path={tmp}/missing", "train.epochs=-3",
+                                                        "train.out_dir={tmp}/o"],
+     "train.epochs=-3: must be >= 1"),
+    ("es-section-not-mapping", "jaxcore", ["es", "model.path={model}", "es=5", "train.out_dir={tmp}/o"],
+     "es=5: must be a section (EggrollConfig)"),
+    ("es-weights-not-numbers", "jaxcore", ["es", "model.path={model}", "rewards.functions=[exact_match]",
+                                           "rewards.weights=[1, x]", "train.out_dir={tmp}/o"],
+     "rewards.weights[1]='x': must be a number"),
+    ("es-quoted-integer", "jaxcore", ["es", "model.path={model}", "es.population='4'", "train.out_dir={tmp}/o"],
+     "es.population='4': must be an integer"),
+    ("es-process-id-past-processes", "jaxcore", ["es", "model.path={model}", "distributed.process_id=2",
+                                                 "train.out_dir={tmp}/o"],
+     "distributed.process_id=2 must be < num_processes=1"),
+    ("plan-negative-population", "jaxcore", ["plan", "model.path={model}", "es.population=-4"],
+     "es.population=-4: must be >= 2"),
+    ("plan-negative-length", "jaxcore", ["plan", "model.path={model}", "rollout.max_new_tokens=-5"],
+     "rollout.max_new_tokens=-5: must be >= 1"),
+    ("plan-negative-prompt-tokens", "jaxcore", ["plan", "model.path={model}", "--prompt-tokens", "-3"],
+     "argument --prompt-tokens: must be >= 1, got '-3'"),
+    ("plan-zero-devices", "jaxcore", ["plan", "model.path={model}", "--devices", "0"],
+     "argument --devices: must be >= 1, got '0'"),
+    ("generate-negative-batch", "jaxcore", ["generate", "--model", "{model}", "--prompt", "hi", "--batch-size", "-1"],
+     "argument --batch-size: must be >= 1, got '-1'"),
+    ("generate-negative-prompt-length", "jaxcore", ["generate", "--model", "{model}", "--prompt", "hi",
+                                                    "--max-prompt-length", "-2"],
+     "argument --max-prompt-length: must be >= 1, got '-2'"),
+    ("generate-nan-temperature", "jaxcore", ["generate", "--model", "{model}", "--prompt", "hi", "--temperature",
+                                             "nan"],
+     "argument --temperature: must be a finite number, got 'nan'"),
+    ("generate-top-p-above-one", "jaxcore", ["generate", "--model", "{model}", "--prompt", "hi", "--top-p", "1.5"],
+     "argument --top-p: must be <= 1, got '1.5'"),
+    ("generate-bad-dtype", "jaxcore", ["generate", "--model", "{model}", "--prompt", "hi", "--dtype", "float8"],
+     "argument --dtype: must be 'float32' or 'bfloat16', got 'float8'"),
+    ("demo-odd-population", "jaxcore", ["demo", "--population", "7", "--out", "{tmp}/demo"],
+     "argument --population: must be even, got '7'"),
+    ("train-dropout-above-one", "torchref", ["rft-train", "--model", "{model}", "--data", "{tmp}/questions.json",
+                                             "--out", "{tmp}/t", "--lora-dropout", "1.5"],
+     "lora_dropout=1.5: must be < 1"),
+    # ---- files from the outside world (item 9): one line naming the file and the problem
+    ("es-yaml-not-utf8", "jaxcore", ["es", "--config", "{tmp}/latin1.yaml"], "latin1.yaml: not UTF-8 text"),
+    ("es-yaml-surrogate", "jaxcore", ["es", "--config", "{tmp}/surrogate.yaml", "model.path={model}"],
+     "rollout.system_prompt: unpaired surrogate '\\ud800'"),
+    ("generate-prompts-not-utf8", "jaxcore", ["generate", "--model", "{model}", "--prompts-file", "{tmp}/latin1.txt"],
+     "latin1.txt: not UTF-8 text"),
+    ("generate-prompts-surrogate", "jaxcore", ["generate", "--model", "{model}", "--prompts-file",
+                                               "{tmp}/surrogate.jsonl"],
+     "surrogate.jsonl:1: field 'prompt': unpaired surrogate"),
+    ("es-dataset-not-utf8", "jaxcore", ["es", "model.path={model}", "task.name=file",
+                                        "task.options={{path: {tmp}/latin1.json}}", "train.out_dir={tmp}/o"],
+     "latin1.json: cannot read file"),
+    ("es-dataset-surrogate", "jaxcore", ["es", "model.path={model}", "task.name=file",
+                                         "task.options={{path: {tmp}/surrogate.json}}", "train.out_dir={tmp}/o"],
+     "surrogate.json: record [0]: field 'prompt': unpaired surrogate"),
+    ("es-dataset-garbage-state", "jaxcore", ["es", "model.path={model}", "task.name=file",
+                                             "task.options={{path: {damaged}/dataset}}", "train.out_dir={tmp}/o"],
+     "dataset/state.json: invalid JSON"),
+    ("datagen-questions-surrogate", "torchref", ["rft-datagen", "--model", "{model}", "--questions",
+                                                 "{tmp}/surrogate_questions.json", "--out", "{tmp}/r.json"],
+     "surrogate_questions.json: entry [0]: unpaired surrogate"),
+    *[(f"{cmd[0]}-config-json-{kind}", "jaxcore", [*cmd, *(["--prompt", "hi"] if cmd[0] == "generate" else [])],
+       expected) for kind, expected in [
+        ("list", "hf_list/config.json: must be a JSON object, got list"),
+        ("null", "hf_null/config.json: hidden_size=None: must be an integer"),
+        ("string", "hf_string/config.json: num_hidden_layers='2': must be an integer"),
+        ("negative", "hf_negative/config.json: vocab_size=-5: must be >= 1"),
+        ("nan", "hf_nan/config.json: rms_norm_eps=nan: must be a finite number"),
+        ("latin1", "hf_latin1/config.json: not UTF-8 text")]
+       for cmd in (["generate", "--model", f"{{tmp}}/hf_{kind}"], ["convert", "--from-hf", f"{{tmp}}/hf_{kind}",
+                                                                    "--out", "{tmp}/c"],
+                   ["plan", f"model.path={{tmp}}/hf_{kind}"])],
+    ("plan-model-config-json-list", "jaxcore", ["plan", "--model-config", "{tmp}/hf_list/config.json"],
+     "hf_list/config.json: must be a JSON object, got list"),
+    ("generate-weights-int16", "jaxcore", ["generate", "--model", "{damaged}/int16", "--prompt", "hi"],
+     "model.safetensors: tensor lm_head.weight has dtype I16"),
+    ("generate-tokenizer-truncated", "jaxcore", ["generate", "--model", "{damaged}/tokenizer_cut", "--prompt", "hi"],
+     "tokenizer_cut/tokenizer.json: invalid JSON"),
+    ("generate-tokenizer-not-utf8", "jaxcore", ["generate", "--model", "{damaged}/tokenizer_latin1", "--prompt", "hi"],
+     "tokenizer_latin1/tokenizer.json: not UTF-8 text"),
+    ("generate-tokenizer-wrong-shape", "jaxcore", ["generate", "--model", "{damaged}/tokenizer_shape", "--prompt",
+                                                   "hi"],
+     "tokenizer_shape: cannot load the tokenizer from tokenizer.json"),
+    ("convert-checkpoint-no-metadata", "jaxcore", ["convert", "--to-hf", "{damaged}/ckpt_no_meta", "--out", "{tmp}/h"],
+     "ckpt_no_meta/params: damaged or incomplete orbax checkpoint"),
+    ("convert-checkpoint-cut-metadata", "jaxcore", ["convert", "--to-hf", "{damaged}/ckpt_cut_meta", "--out",
+                                                    "{tmp}/h"],
+     "ckpt_cut_meta/params: damaged or incomplete orbax checkpoint"),
+    ("convert-checkpoint-cut-arrays", "jaxcore", ["convert", "--to-hf", "{damaged}/ckpt_cut_arrays", "--out",
+                                                  "{tmp}/h"],
+     "ckpt_cut_arrays/params: damaged or incomplete orbax checkpoint"),
+    ("convert-checkpoint-meta-list", "jaxcore", ["convert", "--to-hf", "{damaged}/ckpt_meta_list", "--out", "{tmp}/h"],
+     "ckpt_meta_list/jaxcore.json: must be a JSON object, got list"),
+    ("convert-checkpoint-hf-config-null", "jaxcore", ["convert", "--to-hf", "{damaged}/ckpt_null_size", "--out",
+                                                      "{tmp}/h"],
+     "ckpt_null_size/jaxcore.json hf_config: hidden_size=None: must be an integer"),
 ]
 
 
@@ -128,8 +262,56 @@ def digest(folder: Path) -> dict[str, str]:
 
 
 def write_files(folder: Path) -> None:
-    for name, text in FILES.items():
-        (folder / name).write_text(text)
+    for name, content in FILES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        else:
+            (folder / name).write_text(content)
+
+
+@pytest.fixture(scope="module")
+def damaged(tiny_dir, tmp_path_factory) -> Path:
+    """Damaged copies of the tiny model's files (see the module docstring), made once per module."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    import jaxcore
+    from jaxcore.hf.model_checkpoint import save_model
+
+    model, root = tiny_dir("llama"), tmp_path_factory.mktemp("damaged")
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(model, root / name))
+
+    weights = load_file(str(copy("int16") / "model.safetensors"))
+    weights["lm_head.weight"] = weights["lm_head.weight"].astype(np.int16)
+    save_file(weights, str(root / "int16" / "model.safetensors"))
+    tokenizer = (model / "tokenizer.json").read_text()
+    (copy("tokenizer_cut") / "tokenizer.json").write_text(tokenizer[: len(tokenizer) // 2])
+    (copy("tokenizer_latin1") / "tokenizer.json").write_bytes(b'{"version": "1.0", "x": "\xe9"}')
+    (copy("tokenizer_shape") / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    checkpoint = save_model(jaxcore.load_hf(model), root / "ckpt", tokenizer_dir=model)
+    for name in ("ckpt_no_meta", "ckpt_cut_meta", "ckpt_cut_arrays", "ckpt_meta_list", "ckpt_null_size"):
+        shutil.copytree(checkpoint, root / name)
+    (root / "ckpt_no_meta" / "params" / "_METADATA").unlink()
+    cut = root / "ckpt_cut_meta" / "params" / "_METADATA"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    arrays = [f for f in (root / "ckpt_cut_arrays" / "params").rglob("*") if f.is_file() and f.parent.name == "d"]
+    for f in arrays:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    (root / "ckpt_meta_list" / "jaxcore.json").write_text("[]")
+    meta_file = root / "ckpt_null_size" / "jaxcore.json"
+    meta = json.loads(meta_file.read_text())
+    meta["hf_config"]["hidden_size"] = None
+    meta_file.write_text(json.dumps(meta))
+    dataset = root / "dataset"
+    dataset.mkdir()
+    (dataset / "state.json").write_text("garbage{")
+    (dataset / "dataset_info.json").write_text("{}")
+    return root
 
 
 def call_cli(capsys, cli: str, args: list[str]):
@@ -153,16 +335,18 @@ def assert_one_line(code, out: str, err: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize("cli,argv,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_malformed_input_is_one_line(tiny_dir, tmp_path, capsys, subprocess_runs, cli, argv, expected):
+def test_malformed_input_is_one_line(tiny_dir, tmp_path, capsys, subprocess_runs, damaged, cli, argv, expected):
     # (subprocess_runs: requested here only so the real processes start first and run alongside these cases)
     model = tiny_dir("llama")
     write_files(tmp_path)
-    before = digest(tmp_path), digest(Path(model))
-    args = [a.format(model=model, tmp=tmp_path) for a in argv]
+    before = digest(tmp_path), digest(Path(model)), digest(damaged)
+    args = [a.format(model=model, tmp=tmp_path, damaged=damaged) for a in argv]
     code, out = call_cli(capsys, cli, args)
     assert_one_line(code, out.out, out.err, expected.format(model=model, tmp=tmp_path))
-    after = digest(tmp_path), digest(Path(model))
-    assert {k: v for k, v in after[0].items() if k in before[0]} == before[0] and after[1] == before[1]
+    after = digest(tmp_path), digest(Path(model)), digest(damaged)
+    assert {k: v for k, v in after[0].items() if k in before[0]} == before[0] and after[1:] == before[1:]
+    if ": must be " in expected:                     # a config or flag value: refused before anything is written
+        assert digest(tmp_path).keys() == before[0].keys()
 
 
 # --------------------------------------------------------------------------- an out_dir with checkpoints

@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Annotated
+
+from annotated_types import Ge
+
+from jaxcore.config.schema import field_flag, flag_type
+
+TRAIN, ROLLOUT = "jaxcore.runtime.config.TrainConfig", "jaxcore.runtime.config.RolloutConfig"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="output directory")
-    parser.add_argument("--epochs", type=int, default=150)
-    parser.add_argument("--prompts-per-epoch", type=int, default=128)
-    parser.add_argument("--population", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warm-steps", type=int, default=250, help="supervised warm-start steps")
-    parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices when there is no accelerator")
+    # Each number is checked against the range of the config field it sets (`jaxcore.config.schema`).
+    parser.add_argument("--epochs", type=field_flag(TRAIN, "epochs"), default=150)
+    parser.add_argument("--prompts-per-epoch", type=field_flag(ROLLOUT, "prompts_per_epoch"), default=128)
+    parser.add_argument("--population", type=field_flag("jaxcore.es.config.EggrollConfig", "population"), default=128)
+    parser.add_argument("--seed", type=field_flag(TRAIN, "seed"), default=0)
+    parser.add_argument("--warm-steps", type=flag_type(Annotated[int, Ge(0)], "warm_steps"), default=250,
+                        help="supervised warm-start steps")
+    parser.add_argument("--devices", type=flag_type(Annotated[int, Ge(1)], "devices"), default=8,
+                        help="simulated CPU devices when there is no accelerator")
 
 
 def run(args: argparse.Namespace) -> int:

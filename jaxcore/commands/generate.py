@@ -12,41 +12,51 @@ Output: one JSON object per completion {"prompt", "completion", "tokens", "finis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from pathlib import Path
+from typing import Annotated
+
+from annotated_types import Ge
+
+from jaxcore.config.schema import field_flag, flag_type
+
+POSITIVE = Annotated[int, Ge(1)]
+SAMPLING, ROLLOUT = "jaxcore.inference.sampling.SamplingConfig", "jaxcore.runtime.config.RolloutConfig"
+TRAIN, MODEL = "jaxcore.runtime.config.TrainConfig", "jaxcore.runtime.config.ModelSource"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="HF model directory or jaxcore checkpoint")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts-file", help="JSONL with a 'prompt' field, or a text file, one per line")
-    parser.add_argument("--output", help="write JSONL here instead of printing")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--num-return-sequences", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=64, help="prompts per generate call")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--output", help="write JSONL here instead of printing (renamed into place when complete)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --output")
+    # Each number is checked against the range of the config field it shares (`jaxcore.config.schema`).
+    parser.add_argument("--max-new-tokens", type=field_flag(ROLLOUT, "max_new_tokens"), default=64)
+    parser.add_argument("--temperature", type=field_flag(SAMPLING, "temperature"), default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=field_flag(SAMPLING, "top_k"), default=0)
+    parser.add_argument("--top-p", type=field_flag(SAMPLING, "top_p"), default=1.0)
+    parser.add_argument("--min-p", type=field_flag(SAMPLING, "min_p"), default=0.0)
+    parser.add_argument("--num-return-sequences", type=flag_type(POSITIVE), default=1)
+    parser.add_argument("--batch-size", type=flag_type(POSITIVE), default=64, help="prompts per generate call")
+    parser.add_argument("--seed", type=field_flag(TRAIN, "seed"), default=0)
+    parser.add_argument("--dtype", default="float32", type=field_flag(MODEL, "dtype"),
+                        help="compute dtype: float32 or bfloat16")
     parser.add_argument("--chat-template", action="store_true", help="wrap each prompt as a user turn")
     parser.add_argument("--system", help="system message (with --chat-template)")
-    parser.add_argument("--max-prompt-length", type=int, help="prompt tokens kept (default: the model's positions)")
+    parser.add_argument("--max-prompt-length", type=field_flag(ROLLOUT, "max_prompt_length"),
+                        help="prompt tokens kept (default: the model's positions)")
     parser.add_argument("--no-truncate-prompts", action="store_true",
                         help="refuse over-long prompts instead of keeping their last tokens")
 
 
 def read_prompts(path: str) -> list[str]:
-    """Prompts from JSONL ({"prompt": ...} per line) or plain text (one per line)."""
-    from jaxcore.errors import UserError
+    """Prompts from JSONL ({"prompt": ...} per line) or plain text (one per line), strictly UTF-8."""
+    from jaxcore.errors import UserError, check_text, read_text
 
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"{path}: no such prompts file")
     prompts = []
-    for number, line in enumerate(file.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(path, "prompts file").splitlines(), 1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
@@ -56,7 +66,7 @@ def read_prompts(path: str) -> list[str]:
                 raise UserError(f"{path}:{number}: invalid JSON ({err.msg})") from err
             if not isinstance(record.get("prompt"), str):
                 raise UserError(f"{path}:{number}: missing string field 'prompt'")
-            prompts.append(record["prompt"])
+            prompts.append(check_text(record["prompt"], f"{path}:{number}: field 'prompt'"))
         else:
             prompts.append(line)
     if not prompts:
@@ -79,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
         load_tokenizer,
     )
     from jaxcore.inference.generate import generate
+    from jaxcore.outputs import check_output, open_output
 
+    inputs = (args.prompts_file, args.model)
+    if args.output:                                           # before reading anything: never over an input
+        check_output(args.output, kind="file", inputs=inputs, overwrite=args.overwrite, name="--output")
     prompts = list(args.prompt) + (read_prompts(args.prompts_file) if args.prompts_file else [])
     if not prompts:
         raise UserError("give --prompt or --prompts-file")
@@ -89,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(tok_dir)
     eos = eos_token_ids(tokenizer, model.config.hf_config)
     limit = PromptLimit(model.config.max_position_embeddings, args.max_prompt_length, not args.no_truncate_prompts)
-    out = open(args.output, "w") if args.output else sys.stdout
     key = jax.random.key(args.seed)
     batches = range(0, len(prompts), args.batch_size)
-    try:
+    with (open_output(args.output, inputs=inputs, overwrite=args.overwrite, name="--output") if args.output
+          else contextlib.nullcontext(sys.stdout)) as out:
         for index in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
             chunk = prompts[index:index + args.batch_size]
             ids, mask, _ = encode_prompts_limited(tokenizer, chunk, limit, args.max_new_tokens,
@@ -113,7 +127,4 @@ def run(args: argparse.Namespace) -> int:
                           "tokens": int(lengths[row]), "finished": bool(finished[row]),
                           "logprob": round(float(logprob[row]), 4)}
                 out.write(json.dumps(record) + "\n")
-    finally:
-        if args.output:
-            out.close()
     return 0

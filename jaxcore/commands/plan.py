@@ -17,16 +17,24 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Annotated
+
+from annotated_types import Ge
+
+from jaxcore.config.schema import field_flag, flag_type
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="ES or GRPO YAML config (see configs/)")
-    parser.add_argument("--devices", type=int, default=None, help="devices (default: the visible ones)")
+    parser.add_argument("--devices", type=flag_type(Annotated[int, Ge(1)], "devices"), default=None,
+                        help="devices (default: the visible ones)")
     parser.add_argument("--device-memory", default=None, help="per-device memory, e.g. 40GB (default: none)")
     parser.add_argument("--model-config", default=None, help="config.json (default: model.path/config.json)")
-    parser.add_argument("--prompt-tokens", type=int, default=None,
+    parser.add_argument("--prompt-tokens", type=field_flag("jaxcore.runtime.config.RolloutConfig", "max_prompt_length"),
+                        default=None,
                         help="longest prompt in tokens (default: rollout.max_prompt_length, else 128)")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --json file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
@@ -46,16 +54,21 @@ def run(args: argparse.Namespace) -> int:
 
     from jaxcore.config.yaml_config import load_config
     from jaxcore.errors import UserError
+    from jaxcore.hf.convert import read_json_config
     from jaxcore.model.config import config_from_hf
+    from jaxcore.outputs import check_output, write_text
     from jaxcore.runtime.memory import refusal
     from jaxcore.runtime.plan_check import hf_config_at, parse_bytes
 
+    json_inputs = (args.config, args.model_config)
+    if args.json:                                             # refused before any work: never over an input
+        check_output(args.json, kind="file", inputs=json_inputs, overwrite=args.overwrite, name="--json")
     trainer = trainer_type(args.config, args.overrides)
     cfg = load_config(trainer.config_type, args.config, args.overrides)
     algorithm = trainer.algorithm_type()
     if args.model_config:
         source = Path(args.model_config)
-        hf = json.loads(source.read_text()) if source.is_file() else None
+        hf = read_json_config(source) if source.is_file() else None
     else:
         source = Path(cfg.model.path) / "config.json"
         hf = hf_config_at(cfg.model.path)
@@ -83,5 +96,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"largest {setting} that fits: {best}")
         out[f"largest_{setting.rpartition('.')[2]}"] = best           # largest_population, largest_prompts_per_epoch
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        write_text(args.json, json.dumps(out, indent=2), inputs=json_inputs, overwrite=args.overwrite, name="--json")
     return 0

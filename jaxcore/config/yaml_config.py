@@ -2,96 +2,43 @@
 
     cfg = load_config(ESConfig, "configs/countdown.yaml", ["es.sigma=1e-3", "train.epochs=20"])
 
-An unknown key or a value of the wrong type raises `ConfigValueError` naming the dotted key.
+An unknown key, or a value of the wrong type or outside the range its field declares (`schema`), raises
+`ConfigValueError` naming the dotted key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import types
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from jaxcore.errors import ConfigValueError  # noqa: F401  (re-exported)
+from jaxcore.config import schema
+from jaxcore.errors import ConfigValueError, UserError, read_text
 
 T = TypeVar("T")
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _coerce(value: Any, annotation: Any, key: str, default: Any = None) -> Any:
-    """Check (and gently convert) `value` against a type annotation; a mapping for a dataclass section
-    overrides `default` (the section the config already has) field by field."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if annotation is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        sections = [a for a in args if dataclasses.is_dataclass(a)]
-        if isinstance(value, dict) and len(sections) == 1:     # an optional section: its own error says more
-            return _coerce(value, sections[0], key, default)
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, option, key, default)
-            except ConfigValueError as err:
-                errors.append(str(err))
-        raise ConfigValueError(f"{key}: {value!r} does not match {annotation}")
-    if dataclasses.is_dataclass(annotation):
-        if not isinstance(value, dict):
-            raise ConfigValueError(f"{key}: expected a mapping, got {type(value).__name__}")
-        return from_dict(annotation, value, prefix=f"{key}.", base=default if isinstance(default, annotation) else None)
-    if origin in (list, tuple, Sequence):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigValueError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        item = args[0] if args else Any
-        coerced = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(coerced) if origin is tuple else coerced
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigValueError(f"{key}: expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigValueError(f"{key}: expected true/false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigValueError(f"{key}: expected an integer, got {value!r}")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):          # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigValueError(f"{key}: expected a number, got {value!r}")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigValueError(f"{key}: expected a string, got {value!r}")
-    return value
+def _section_value(value: Any, hint: Any, key: str, default: Any = None) -> Any:
+    """A mapping for a dataclass section (or an optional one) builds it, overriding `default` (the section the
+    config already has) field by field (an empty one, YAML's null, keeps it); any other value is checked against
+    its declaration (`schema`)."""
+    section = schema.section_type(hint)
+    if value is None and section is hint:
+        value = {}
+    if section is not None and isinstance(value, dict):
+        return from_dict(section, value, prefix=f"{key}.", base=default if isinstance(default, section) else None)
+    return schema.value_of(hint, value, key, from_text=True)
 
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | None = None) -> T:
     """Build dataclass `cls` from a (nested) dict, rejecting unknown keys and wrong types. Keys not given keep
     `base`'s values when given, else the defaults the enclosing config gives its sections (a GRPO job's
     `optimizer` starts from TRL's AdamW settings, not from `OptimizerConfig()`'s)."""
-    types_ = _field_types(cls)
+    types_ = schema.field_hints(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
         raise ConfigValueError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(types_))})")
@@ -101,7 +48,8 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
         """The value a given key overrides: the base section's, else the field's default."""
         return getattr(base, name) if base is not None else _default(fields[name])
 
-    values = {name: _coerce(value, types_[name], f"{prefix}{name}", current(name)) for name, value in data.items()}
+    values = {name: _section_value(value, types_[name], f"{prefix}{name}", current(name))
+              for name, value in data.items()}
     try:
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
     except (TypeError, ValueError) as err:
@@ -153,11 +101,13 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigValueError(f"{path}: no such config file")
+    """A YAML config file's top-level mapping, or ConfigValueError naming the file and the problem."""
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        text = read_text(path, "config file")
+    except UserError as err:
+        raise ConfigValueError(str(err)) from err
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -4,48 +4,39 @@ config composed of them and of the runtime's, rewards' and mesh sections."""
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Annotated, Literal
 
+from annotated_types import Ge, Gt, MultipleOf
+
+from jaxcore.config.schema import Checked
 from jaxcore.parallel.config import DistributedConfig, MeshConfig
 from jaxcore.rewards.config import RewardsConfig, TaskConfig
 from jaxcore.runtime.config import ModelSource, RolloutConfig, TrainConfig
 from jaxcore.runtime.optim import OptimizerConfig
 
-SHAPINGS = ("zscore", "group_zscore", "centered_rank", "none")
-MASTER_DTYPES = ("float32", "bfloat16")
+Shaping = Literal["zscore", "group_zscore", "centered_rank", "none"]
+MasterDtype = Literal["float32", "bfloat16"]
+SHAPINGS = typing.get_args(Shaping)
+MASTER_DTYPES = typing.get_args(MasterDtype)
 
 
 # Hashed by value (a `NoisePlan` keeps a copy as static jit data); `make_plan` copies it, so changing a
 # config afterwards never changes a plan made from it.
 @dataclasses.dataclass(unsafe_hash=True)
-class EggrollConfig:
-    """Population and noise settings (the `es:` section)."""
+class EggrollConfig(Checked):
+    """Population and noise settings (the `es:` section; ranges checked on construction)."""
 
-    population: int = 64            # N members, even (antithetic pairs)
-    rank: int = 1                   # r
-    sigma: float = 0.01
-    noise_reuse: int = 1            # epochs that share one draw of noise
-    seed: int | None = None         # noise seed (None: train.seed in a job, 0 for a bare make_plan)
-    shaping: str = "zscore"         # zscore | group_zscore | centered_rank | none
-    non_matrix: str = "frozen"      # "frozen" | "full" (full-rank Gaussian noise on norms and biases)
+    population: Annotated[int, Ge(2), MultipleOf(2)] = 64   # N members, even (antithetic pairs)
+    rank: Annotated[int, Ge(1)] = 1             # r
+    sigma: Annotated[float, Gt(0)] = 0.01
+    noise_reuse: Annotated[int, Ge(1)] = 1      # epochs that share one draw of noise
+    seed: Annotated[int, Ge(0)] | None = None   # noise seed (None: train.seed in a job, 0 for a bare make_plan)
+    shaping: Shaping = "zscore"
+    non_matrix: Literal["frozen", "full"] = "frozen"   # full: full-rank Gaussian noise on norms and biases
     include_embeddings: bool = False
     include_lm_head: bool = False
-    master_dtype: str = "float32"   # float32 | bfloat16: the sharded master weights and optimizer state
-
-    def __post_init__(self) -> None:
-        if self.population < 2 or self.population % 2:
-            raise ValueError(f"population must be an even number >= 2, got {self.population}")
-        if self.rank < 1:
-            raise ValueError(f"rank must be >= 1, got {self.rank}")
-        if self.noise_reuse < 1:
-            raise ValueError(f"noise_reuse must be >= 1, got {self.noise_reuse}")
-        if self.non_matrix not in ("frozen", "full"):
-            raise ValueError(f"non_matrix must be 'frozen' or 'full', got {self.non_matrix!r}")
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
-        if self.shaping not in SHAPINGS:
-            raise ValueError(f"shaping must be one of {', '.join(SHAPINGS)}, got {self.shaping!r}")
-        if self.master_dtype not in MASTER_DTYPES:
-            raise ValueError(f"master_dtype={self.master_dtype!r}: choose {' or '.join(MASTER_DTYPES)}")
+    master_dtype: MasterDtype = "float32"       # the sharded master weights and optimizer state
 
 
 def _greedy_rollout() -> RolloutConfig:

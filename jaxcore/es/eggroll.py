@@ -36,6 +36,7 @@ from jaxcore.es.population import MemberNoise, perturbed_model
 from jaxcore.model.state import flat_state, variable_at, write_params
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.sharding import factor_specs
+from jaxcore.runtime.optim import all_finite
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -259,13 +260,18 @@ def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:
 
 
 def _apply_update(params: dict[str, Array], opt_state: Any, grads: dict[str, Array],
-                  optimizer: optax.GradientTransformation) -> tuple[dict[str, Array], Any]:
-    """params <- params + optimizer(-g): ES ascends the fitness."""
+                  optimizer: optax.GradientTransformation) -> tuple[dict[str, Array], Any, Array]:
+    """params <- params + optimizer(-g): ES ascends the fitness. Returns (params, state, applied): when the update
+    or the new parameters are not all finite (e.g. a NaN learning rate), the old params and state come back and
+    `applied` is False."""
     negated = jax.tree.map(jnp.negative, grads)
     updates, new_state = optimizer.update(negated, opt_state, params)
     # optax promotes bf16 moments to the fp32 gradient's dtype; keep the state's own (es.master_dtype)
     new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, opt_state)
-    return optax.apply_updates(params, updates), new_state
+    new_params = optax.apply_updates(params, updates)
+    applied = all_finite(updates) & all_finite(new_params)
+    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(applied, new, old))
+    return keep(new_params, params), keep(new_state, opt_state), applied
 
 
 # The optimizer state is always donated (the caller passes it in and gets the new one back). The
@@ -291,8 +297,8 @@ def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransf
     Returns the new optimizer state (the one passed in is consumed: its buffers are donated).
     Arrays taken from the model before the step (`perturbed_params`, a population) remain valid
     and keep the old values, unless `donate_params` (saves one copy of the perturbed parameters;
-    only for callers that hold no such arrays, like the trainer). A non-finite update is not
-    applied: the returned metrics say `skipped`.
+    only for callers that hold no such arrays, like the trainer). A non-finite gradient, update or
+    new parameter value is not applied: the returned metrics say `skipped`.
     """
     shaped_N = shape_fitness(fitness_N, shaping, group_size)
     params = perturbed_params(model, plan)
@@ -302,6 +308,6 @@ def es_step(model: Transformer, plan: NoisePlan, optimizer: optax.GradientTransf
     if not math.isfinite(grad_norm):
         return opt_state, {"grad_norm": grad_norm, "skipped": True}
     update = apply_update_donating if donate_params else apply_update
-    params, opt_state = update(params, opt_state, grads, optimizer)
-    write_params(model, params)
-    return opt_state, {"grad_norm": grad_norm, "skipped": False}
+    params, opt_state, applied = update(params, opt_state, grads, optimizer)
+    write_params(model, params)            # the old values when not applied (the inputs were donated)
+    return opt_state, {"grad_norm": grad_norm, "skipped": not bool(applied)}

@@ -7,34 +7,42 @@ is rollout.max_new_tokens."""
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Annotated, Literal
 
+from annotated_types import Ge, Gt, Interval
+
+from jaxcore.config.schema import check
 from jaxcore.model.lora import LoRAConfig
 from jaxcore.parallel.config import DistributedConfig
 from jaxcore.rewards.config import RewardsConfig, TaskConfig
 from jaxcore.runtime.config import ModelSource, RolloutConfig, TrainConfig
-from jaxcore.runtime.optim import SCHEDULES, OptimizerConfig
+from jaxcore.runtime.optim import OptimizerConfig
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-IS_LEVELS = ("token", "sequence")
-SCALES = ("group", "batch", "none")
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
+ScaleRewards = Literal["group", "batch", "none"]
+LOSS_TYPES = typing.get_args(LossType)
+IS_LEVELS = typing.get_args(ImportanceSamplingLevel)
+SCALES = typing.get_args(ScaleRewards)
 
 
 @dataclasses.dataclass
 class GRPOLossConfig:
-    """The loss settings (names and defaults as in TRL 1.16's GRPOConfig)."""
+    """The loss settings (names and defaults as in TRL 1.16's GRPOConfig; ranges checked on construction)."""
 
-    beta: float = 0.0                       # k3-KL coefficient; 0: no reference model is loaded
+    beta: Annotated[float, Ge(0)] = 0.0     # k3-KL coefficient; 0: no reference model is loaded
     use_bias_correction_kl: bool = True     # per-token KL times the importance ratio (TRL's default)
-    epsilon: float = 0.2                    # lower clip: ratio >= 1 - epsilon
-    epsilon_high: float | None = None       # upper clip 1 + epsilon_high (None: epsilon); cispo: the ratio cap
-    delta: float | None = None              # two-sided clipping: ratio <= delta in the unclipped branch
-    loss_type: str = "dapo"                 # grpo | bnpo | dr_grpo | dapo | cispo | sapo | luspo | vespo
-    importance_sampling_level: str = "token"   # token | sequence (GSPO: exp(mean log-ratio) per row)
-    top_entropy_quantile: float = 1.0       # keep the policy loss on the top-q entropy tokens only
+    epsilon: Annotated[float, Ge(0)] = 0.2  # lower clip: ratio >= 1 - epsilon
+    epsilon_high: Annotated[float, Ge(0)] | None = None   # upper clip 1 + epsilon_high (None: epsilon); cispo: cap
+    delta: Annotated[float, Gt(0)] | None = None   # two-sided clipping: ratio <= delta (TRL: > 1 + epsilon)
+    loss_type: LossType = "dapo"
+    importance_sampling_level: ImportanceSamplingLevel = "token"   # sequence: GSPO, exp(mean log-ratio) per row
+    top_entropy_quantile: Annotated[float, Interval(ge=0, le=1)] = 1.0   # policy loss on the top-q entropy tokens
     entropy_coef: float = 0.0               # loss -= entropy_coef * mean token entropy
     off_policy_mask_threshold: float | None = None   # drop A < 0 rows whose mean (old - new) log-prob > this
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
+    sapo_temperature_pos: Annotated[float, Gt(0)] = 1.0
+    sapo_temperature_neg: Annotated[float, Gt(0)] = 1.05
     vespo_k_pos: float = 2.0
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
@@ -44,20 +52,9 @@ class GRPOLossConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError for an unknown loss type or level, or an impossible setting."""
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"unknown loss_type {self.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
-        if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
-            raise ValueError("epsilon and epsilon_high must be >= 0")
-        if self.importance_sampling_level not in IS_LEVELS:
-            raise ValueError(f"importance_sampling_level must be token or sequence, not "
-                             f"{self.importance_sampling_level!r}")
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            raise ValueError("top_entropy_quantile must be in [0, 1]")
-        if self.delta is not None and self.delta <= 0:
-            raise ValueError("delta must be > 0 (TRL recommends > 1 + epsilon)")
-        if self.loss_type == "sapo" and min(self.sapo_temperature_pos, self.sapo_temperature_neg) <= 0:
-            raise ValueError("sapo temperatures must be > 0")
+        """Raise ConfigValueError for a setting outside its declared range (`jaxcore.config.schema`); a
+        subclass adds the rules between its fields."""
+        check(self)
 
 
 @dataclasses.dataclass
@@ -65,24 +62,20 @@ class GRPOOptions(GRPOLossConfig):
     """The job's `grpo:` section: the loss settings, plus rewards scaling, passes and micro-batches per
     rollout, the reference model, LoRA and the fsdp mesh axis."""
 
-    scale_rewards: str = "group"            # group | batch | none
-    num_iterations: int = 1                 # mu: passes over each rollout
-    gradient_accumulation_steps: int = 1
-    steps_per_generation: int | None = None   # micro-batches per rollout (None: gradient_accumulation_steps)
+    scale_rewards: ScaleRewards = "group"
+    num_iterations: Annotated[int, Ge(1)] = 1     # mu: passes over each rollout
+    gradient_accumulation_steps: Annotated[int, Ge(1)] = 1
+    steps_per_generation: Annotated[int, Ge(1)] | None = None   # micro-batches per rollout (None: the above)
     mask_truncated_completions: bool = False
     ref_model_path: str | None = None       # beta > 0: reference model (default: a frozen copy of the initial policy)
     sync_ref_model: bool = False            # TR-DPO: every ref_model_sync_steps, ref = a * policy + (1 - a) * ref
-    ref_model_mixup_alpha: float = 0.6
-    ref_model_sync_steps: int = 512
+    ref_model_mixup_alpha: Annotated[float, Interval(ge=0, le=1)] = 0.6
+    ref_model_sync_steps: Annotated[int, Ge(1)] = 512
     lora: LoRAConfig | None = None          # set to train LoRA adapters only (e.g. grpo.lora={rank: 8})
-    fsdp: int = 1                           # size of the "fsdp" mesh axis (parameters sharded); the rest is "data"
+    fsdp: Annotated[int, Ge(1)] = 1         # size of the "fsdp" mesh axis (parameters sharded); the rest is "data"
 
     def validate(self) -> None:
         super().validate()
-        if self.scale_rewards not in SCALES:
-            raise ValueError(f"scale_rewards={self.scale_rewards}: expected group, batch or none")
-        if self.gradient_accumulation_steps < 1 or self.num_iterations < 1:
-            raise ValueError("gradient_accumulation_steps and num_iterations must be >= 1")
         if self.generation_steps % self.gradient_accumulation_steps:
             raise ValueError(f"steps_per_generation={self.generation_steps} must be a multiple of "
                              f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
@@ -90,10 +83,6 @@ class GRPOOptions(GRPOLossConfig):
             raise ValueError("sync_ref_model needs beta != 0 (with beta = 0 there is no reference model)")
         if self.sync_ref_model and self.lora is not None:
             raise ValueError("sync_ref_model is not supported with LoRA (the reference is the frozen base)")
-        if self.sync_ref_model and (self.ref_model_sync_steps < 1 or not 0.0 <= self.ref_model_mixup_alpha <= 1.0):
-            raise ValueError("ref_model_sync_steps must be >= 1 and ref_model_mixup_alpha in [0, 1]")
-        if self.fsdp < 1:
-            raise ValueError(f"fsdp={self.fsdp} must be >= 1")
 
     @property
     def generation_steps(self) -> int:
@@ -138,20 +127,21 @@ class GRPOConfig:
     train: TrainConfig = dataclasses.field(default_factory=_grpo_train)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
-        """Raise ValueError for settings GRPO cannot use (called again by the trainer, after any edits)."""
+        """Raise ConfigValueError for a value outside its range, ValueError for settings GRPO cannot use
+        together (checked on construction and again by the trainer, after any edits)."""
+        check(self)
         self.grpo.validate()
         if self.optimizer.name not in ("adam", "adamw"):
             raise ValueError(f"optimizer.name={self.optimizer.name}: GRPO trains with AdamW (set optimizer.name=adamw)")
-        if self.optimizer.schedule not in SCHEDULES:
-            raise ValueError(f"optimizer.schedule={self.optimizer.schedule}: GRPO supports linear, cosine or constant")
         if self.rollout.temperature <= 0:
             raise ValueError("rollout.temperature must be > 0 for GRPO (greedy completions of a prompt are identical)")
         if self.rollout.generations_per_prompt < 2:
             raise ValueError("rollout.generations_per_prompt must be >= 2 for GRPO (advantages are relative to a "
                              "group)")
-        if self.grpo.loss_type == "dr_grpo" and self.rollout.max_new_tokens <= 0:
-            raise ValueError("dr_grpo needs rollout.max_new_tokens > 0")
 
     @property
     def total_steps(self) -> int:

@@ -226,5 +226,6 @@ class GRPOLearner:
 
 
 def finite(step: dict[str, float]) -> bool:
-    """Whether an optimiser step's loss and gradient norm are finite (the learner skipped it if not)."""
-    return bool(np.isfinite(step["loss"]) and np.isfinite(step["grad_norm"]))
+    """Whether an optimiser step was applied: its loss and gradient norm are finite and the step did not skip a
+    non-finite update or new parameter value (`skipped`)."""
+    return bool(np.isfinite(step["loss"]) and np.isfinite(step["grad_norm"]) and not step.get("skipped", 0.0))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,7 +30,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from jaxcore.errors import CheckpointError  # noqa: F401  (re-exported)
+from jaxcore.errors import CheckpointError, UserError, read_text  # noqa: F401  (CheckpointError: re-exported)
 from jaxcore.hf.mapping import (  # noqa: F401  (TensorMap, tensor_maps, hf_to_params: re-exported)
     Index,
     ParamSource,
@@ -43,15 +42,16 @@ from jaxcore.hf.mapping import (  # noqa: F401  (TensorMap, tensor_maps, hf_to_p
     tensor_maps,
 )
 from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
+from jaxcore.model.hf_schema import check_hf_config
 from jaxcore.model.state import flat_state
 from jaxcore.model.transformer import Transformer, abstract_model
+from jaxcore.outputs import current_umask, make_readable, write_directory  # noqa: F401  (re-exported)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
                    "generation_config.json", "tokenizer.model")
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-# Where `current_umask` reads the process umask (the "Umask:" line) without changing it.
-PROC_STATUS = Path("/proc/self/status")
+WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")     # safetensors dtypes the loader casts from
 # Where `load_hf` / `load_model` put each parameter: one sharding for all, {flat path: sharding}, or
 # a function (flat path, shape) -> sharding; None: the default device, as before.
 Shardings = (jax.sharding.Sharding | Mapping[str, jax.sharding.Sharding]
@@ -62,16 +62,28 @@ Shardings = (jax.sharding.Sharding | Mapping[str, jax.sharding.Sharding]
 
 
 def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Parse <dir>/config.json or raise CheckpointError."""
+    """Parse <dir>/config.json, its keys' types checked (`jaxcore.model.hf_schema`), or raise CheckpointError."""
     config_path = Path(path) / "config.json"
     if not Path(path).is_dir():
         raise CheckpointError(f"{path}: not a directory")
     if not config_path.is_file():
         raise CheckpointError(f"{config_path}: missing (an HF model directory needs config.json)")
+    return read_json_config(config_path)
+
+
+def read_json_config(config_path: str | os.PathLike) -> dict[str, Any]:
+    """A config.json file (UTF-8 JSON, an object whose keys have the types jaxcore reads), or CheckpointError
+    naming the file and the problem."""
     try:
-        return json.loads(config_path.read_text())
+        hf = json.loads(read_text(config_path, "config.json"))
+    except UserError as err:
+        raise CheckpointError(str(err)) from err
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{config_path}: invalid JSON ({err.msg} at line {err.lineno})") from err
+    try:
+        return check_hf_config(hf, str(config_path))
+    except ConfigError as err:
+        raise CheckpointError(str(err)) from err
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -115,7 +127,11 @@ def read_headers(path: str | os.PathLike) -> dict[str, tuple[Path, tuple[int, ..
         try:
             with safe_open(str(file), framework="numpy") as handle:
                 for key in handle.keys():
-                    headers[key] = (file, tuple(handle.get_slice(key).get_shape()))
+                    tensor = handle.get_slice(key)
+                    if tensor.get_dtype() not in WEIGHT_DTYPES:
+                        raise CheckpointError(f"{file}: tensor {key} has dtype {tensor.get_dtype()}; jaxcore reads "
+                                              f"{', '.join(WEIGHT_DTYPES)} weights (not quantized ones)")
+                    headers[key] = (file, tuple(tensor.get_shape()))
         except (SafetensorError, OSError) as err:
             raise CheckpointError(f"{file}: not a valid safetensors file ({err})") from err
     return headers
@@ -295,58 +311,19 @@ def copy_tokenizer_files(src: str | os.PathLike, out: Path) -> list[str]:
     return copied
 
 
-def atomic_directory(out_dir: str | os.PathLike, write: Any) -> Path:
-    """Run `write(tmp_dir)` and move the result to `out_dir` only if it completed."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        make_readable(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def current_umask() -> int:
-    """The process umask, read from /proc/self/status ("Umask:", octal; Linux >= 4.7) without changing it.
-
-    Only where /proc cannot say does it fall back to setting and restoring `os.umask`, which is
-    process-global: a file another thread creates in between would get mode 0666/0777.
-    """
-    try:
-        for line in PROC_STATUS.read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
-
-
-def make_readable(directory: Path) -> None:
-    """Give a finished directory the modes of a plain `mkdir`/`open` under the current umask (mkdtemp and
-    some writers create 0700/0600), so other users and tools can read the exported model."""
-    umask = current_umask()
-    directory.chmod(0o777 & ~umask)
-    for path in directory.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+def atomic_directory(out_dir: str | os.PathLike, write: Any, *, inputs: Any = (), overwrite: bool = True) -> Path:
+    """Run `write(tmp_dir)` and move the result to `out_dir` only if it completed (`jaxcore.outputs.write_directory`:
+    never over an input, one-line errors for a full or read-only disk)."""
+    return write_directory(out_dir, write, inputs=inputs, overwrite=overwrite)
 
 
 def save_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None,
-            *, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
+            *, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30, overwrite: bool = True,
+            inputs: Any = ()) -> Path:
     """Export to an HF directory (config.json, safetensors, tokenizer files) atomically.
 
-    `dtype` defaults to the dtype of the checkpoint the model was loaded from.
+    `dtype` defaults to the dtype of the checkpoint the model was loaded from. An existing `out_dir` is replaced
+    only with `overwrite`; `out_dir` never overlaps `tokenizer_dir` or `inputs` (`jaxcore.outputs`).
     """
     cfg: ModelConfig = model.config
     hf_config = cfg.hf_config
@@ -366,4 +343,4 @@ def save_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer_dir: str |
         if tokenizer_dir is not None:
             copy_tokenizer_files(tokenizer_dir, tmp)
 
-    return atomic_directory(out_dir, write)
+    return atomic_directory(out_dir, write, inputs=(tokenizer_dir, *inputs), overwrite=overwrite)

@@ -13,8 +13,10 @@ before any data is read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxcore.errors import UserError, read_text
 from jaxcore.hf.convert import (
     CheckpointError,
     Shardings,
@@ -33,27 +36,34 @@ from jaxcore.hf.convert import (
     sharding_function,
 )
 from jaxcore.model.config import ConfigError, config_from_hf
+from jaxcore.model.hf_schema import check_hf_config
 from jaxcore.model.state import flat_state
 from jaxcore.model.transformer import Transformer, abstract_model
+from jaxcore.outputs import demote_orbax_errors
 
 FORMAT = "jaxcore-model"
 
 
 def save_model(model: Transformer, path: str | os.PathLike,
-               tokenizer_dir: str | os.PathLike | None = None) -> Path:
-    """Write `model` as an orbax checkpoint directory, atomically."""
+               tokenizer_dir: str | os.PathLike | None = None, *, overwrite: bool = True, inputs: Any = ()) -> Path:
+    """Write `model` as an orbax checkpoint directory, atomically (an existing one is replaced only with
+    `overwrite`; `path` never overlaps `tokenizer_dir` or `inputs`: `jaxcore.outputs`)."""
+    demote_orbax_errors()                          # a failed write is one line (`write_directory`), not orbax's logs
     params = {k: np.asarray(v) for k, v in flat_state(model).items()}
     meta = {"format": FORMAT, "version": 1, "hf_config": model.config.hf_config}
 
     def write(tmp: Path) -> None:
         checkpointer = ocp.PyTreeCheckpointer()
-        checkpointer.save(str(tmp.absolute() / "params"), params)   # orbax needs absolute paths
+        try:
+            checkpointer.save(str(tmp.absolute() / "params"), params)   # orbax needs absolute paths
+        finally:
+            checkpointer.close()              # its writer threads end before a failed write's `tmp` is removed
         if tokenizer_dir is not None:
             (tmp / "tokenizer").mkdir()
             copy_tokenizer_files(tokenizer_dir, tmp / "tokenizer")
         (tmp / "jaxcore.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
-    return atomic_directory(path, write)
+    return atomic_directory(path, write, inputs=(tokenizer_dir, *inputs), overwrite=overwrite)
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
@@ -62,12 +72,33 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: not a jaxcore checkpoint (no jaxcore.json)")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(read_text(meta_path, "jaxcore.json"))
+    except UserError as err:
+        raise CheckpointError(str(err)) from err
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{meta_path}: invalid JSON ({err.msg})") from err
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_path}: must be a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    try:
+        check_hf_config(meta.get("hf_config"), f"{meta_path} hf_config")
+    except ConfigError as err:
+        raise CheckpointError(str(err)) from err
     return meta
+
+
+@contextlib.contextmanager
+def _reading(params_dir: Path) -> Iterator[None]:
+    """Orbax's errors for a damaged params/ (missing or truncated metadata or array files) as one
+    CheckpointError naming the directory."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, EOFError, FileNotFoundError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        detail = " ".join(str(err).split())[:200] or type(err).__name__
+        raise CheckpointError(f"{params_dir}: damaged or incomplete orbax checkpoint ({detail})") from err
 
 
 def _saved_shapes(params_dir: Path) -> dict[str, tuple[int, ...]]:
@@ -108,15 +139,21 @@ def load_model(path: str | os.PathLike, dtype: str | Any = "float32", *,
         raise CheckpointError(f"{params_dir}: missing")
     checkpointer = ocp.PyTreeCheckpointer()
     if shardings is None:
-        restored = checkpointer.restore(str(params_dir.absolute()))
+        with _reading(params_dir):
+            restored = checkpointer.restore(str(params_dir.absolute()))
+            if not isinstance(restored, dict):
+                raise CheckpointError(f"{params_dir}: not a parameter dictionary")
         _check_params(params_dir, {k: tuple(np.shape(v)) for k, v in restored.items()}, expected)
         return load_params_into(model, restored, jnp.dtype(param_dtype))
-    _check_params(params_dir, _saved_shapes(params_dir), expected)
+    with _reading(params_dir):
+        saved = _saved_shapes(params_dir)
+    _check_params(params_dir, saved, expected)
     sharding_of = sharding_function(shardings)
     abstract = {k: jax.ShapeDtypeStruct(shape, jnp.dtype(param_dtype), sharding=sharding_of(k, shape))
                 for k, shape in expected.items()}
-    restored = checkpointer.restore(str(params_dir.absolute()), args=ocp.args.PyTreeRestore(
-        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
+    with _reading(params_dir):
+        restored = checkpointer.restore(str(params_dir.absolute()), args=ocp.args.PyTreeRestore(
+            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
     return load_params_into(model, restored, jnp.dtype(param_dtype))
 
 

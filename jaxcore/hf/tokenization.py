@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.errors import PromptLengthError  # noqa: F401  (re-exported)
+from jaxcore.errors import PromptLengthError, UserError, read_text  # noqa: F401  (PromptLengthError: re-exported)
 from jaxcore.hf.convert import CheckpointError
 from jaxcore.rewards.user_functions import Completion, is_conversation
 
@@ -72,16 +73,37 @@ def rollout_prompt_limit(rollout: Any, model_config: Any) -> PromptLimit:
     return PromptLimit(model_config.max_position_embeddings, rollout.max_prompt_length, rollout.truncate_prompts)
 
 
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _check_json_object(file: Path) -> None:
+    """A tokenizer JSON file, when present, is UTF-8 text holding one JSON object (else CheckpointError naming it)."""
+    if not file.is_file():
+        return
+    try:
+        data = json.loads(read_text(file))
+    except UserError as err:
+        raise CheckpointError(str(err)) from err
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{file}: invalid JSON ({err.msg} at line {err.lineno})") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: must be a JSON object, got {type(data).__name__}")
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """`AutoTokenizer` from a local directory, left-padding, with a pad token."""
     from transformers import AutoTokenizer
 
     if not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    for name in TOKENIZER_JSON:
+        _check_json_object(Path(path) / name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: cannot load the tokenizer ({str(err).splitlines()[0]})") from err
+    except Exception as err:   # tokenizers' Rust errors are plain Exceptions; the files are the user's input
+        files = " / ".join(name for name in TOKENIZER_JSON if (Path(path) / name).is_file())
+        message = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        raise CheckpointError(f"{path}: cannot load the tokenizer from {files or 'its files'} ({message})") from err
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

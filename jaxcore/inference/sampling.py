@@ -8,9 +8,13 @@ min_tokens_to_keep=1). `temperature == 0` means greedy (argmax of the raw logits
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
+from annotated_types import Ge, Interval
+
+from jaxcore.config.schema import Checked
 
 Array = jax.Array
 
@@ -18,23 +22,13 @@ Array = jax.Array
 # Hashed by value, so that a jitted sampler specialises on the settings (`generate` builds its own instance
 # per call; a training job's `rollout:` section extends this class).
 @dataclasses.dataclass(unsafe_hash=True)
-class SamplingConfig:
-    """Sampling settings (transformers' names; temperature 0 is greedy)."""
+class SamplingConfig(Checked):
+    """Sampling settings (transformers' names; temperature 0 is greedy; ranges checked on construction)."""
 
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+    temperature: Annotated[float, Ge(0)] = 1.0
+    top_k: Annotated[int, Ge(0)] = 0                    # 0: no top-k filter
+    top_p: Annotated[float, Interval(gt=0, le=1)] = 1.0
+    min_p: Annotated[float, Interval(ge=0, le=1)] = 0.0
 
     @property
     def greedy(self) -> bool:

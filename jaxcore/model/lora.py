@@ -16,43 +16,38 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
-from typing import Any
+import typing
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Literal
 
 import jax
 import jax.numpy as jnp
+from annotated_types import Ge, Interval, MinLen
 from flax import nnx
 
+from jaxcore.config.schema import Checked
 from jaxcore.model.state import variable_at
 from jaxcore.model.transformer import Transformer
 
 Array = jax.Array
 Adapters = dict[str, dict[str, Array]]          # kernel path -> {"a": [I, r], "b": [r, O]}
 ALL_LINEAR = "all-linear"                       # peft's shorthand: every linear layer except lm_head
-LORA_EXPORTS = ("merged", "adapter", "both")
+LoRAExport = Literal["merged", "adapter", "both"]
+LORA_EXPORTS = typing.get_args(LoRAExport)
 
 
 @dataclasses.dataclass
-class LoRAConfig:
+class LoRAConfig(Checked):
     """peft's LoraConfig (r, lora_alpha, target_modules, lora_dropout), plus the frozen base's dtype and what
     a training run exports; a job's `grpo.lora` section."""
 
-    rank: int = 8
+    rank: Annotated[int, Ge(1)] = 8
     alpha: float = 8.0
-    target_modules: list[str] = dataclasses.field(default_factory=lambda: ["q_proj", "v_proj"])
-    dropout: float = 0.0
-    base_dtype: str | None = None       # e.g. bfloat16: store the frozen base in bf16
-    export: str = "both"                # merged (train.export_hf's final_hf) | adapter (final_adapter) | both
-
-    def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ValueError(f"rank must be >= 1, not {self.rank}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError("dropout must be in [0, 1)")
-        if not self.target_modules:
-            raise ValueError("target_modules is empty")
-        if self.export not in LORA_EXPORTS:
-            raise ValueError(f"export={self.export}: expected {', '.join(LORA_EXPORTS)}")
+    target_modules: Annotated[Sequence[str], MinLen(1)] = dataclasses.field(
+        default_factory=lambda: ["q_proj", "v_proj"])
+    dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.0
+    base_dtype: Literal["float32", "bfloat16", "float16"] | None = None   # e.g. bfloat16: store the frozen base in bf16
+    export: LoRAExport = "both"         # merged (train.export_hf's final_hf) | adapter (final_adapter) | both
 
     @property
     def scaling(self) -> float:

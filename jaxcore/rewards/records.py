@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from jaxcore.errors import UserError, check_text
 from jaxcore.rewards.types import Example, TaskError
 
 
@@ -77,6 +78,7 @@ def check_prompt(where: str, key: str, prompt: Any) -> None:
             if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                     and isinstance(message.get("content"), str)):
                 raise TaskError(f"{where}: field '{key}' message [{index}] needs string 'role' and 'content'")
+            _check_text(message["content"], f"{where}: field '{key}' message [{index}]")
         return
     if not isinstance(prompt, str):
         raise TaskError(
@@ -84,6 +86,14 @@ def check_prompt(where: str, key: str, prompt: Any) -> None:
         )
     if not prompt:
         raise TaskError(f"{where}: field '{key}' is empty")
+    _check_text(prompt, f"{where}: field '{key}'")
+
+
+def _check_text(value: str, where: str) -> None:
+    try:
+        check_text(value, where)
+    except UserError as err:
+        raise TaskError(str(err)) from None
 
 
 def _read_text(path: Path) -> str:
@@ -94,6 +104,19 @@ def _read_text(path: Path) -> str:
     if not text.strip():
         raise TaskError(f"{path}: file is empty")
     return text
+
+
+DATASET_JSON = ("state.json", "dataset_info.json", "dataset_dict.json")   # what datasets.load_from_disk reads
+
+
+def _json_object(path: Path) -> None:
+    """`path` holds one JSON object (else TaskError naming the file)."""
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(data, dict):
+        raise TaskError(f"{path}: must be a JSON object, got {type(data).__name__}")
 
 
 def _jsonl_items(path: Path, text: str) -> Iterator[tuple[str, Any]]:
@@ -122,10 +145,17 @@ def _hf_rows(
 ) -> Iterator[tuple[str, Any]]:
     from datasets import DatasetDict, load_from_disk  # slow import, only for directories
 
+    for name in DATASET_JSON:
+        if (path / name).is_file():
+            _json_object(path / name)
     try:
         data = load_from_disk(str(path))
     except FileNotFoundError as e:
         raise TaskError(f"{path}: not a dataset saved with datasets.save_to_disk") from e
+    except Exception as e:      # datasets/pyarrow raise many types for a damaged directory; it is the user's input
+        files = " / ".join(name for name in DATASET_JSON if (path / name).is_file()) or "its files"
+        raise TaskError(f"{path}: cannot load the saved dataset from {files} or its data files "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from e
     if isinstance(data, DatasetDict):
         if hf_split not in data:
             raise TaskError(f"{path}: no split '{hf_split}' (splits: {', '.join(data)})")

@@ -7,7 +7,10 @@ value, or (with worker processes) runs past ``timeout_s``, gives ``fallback`` fo
 samples of the affected chunk only; those are counted in ``failures`` and logged as a
 one-line warning naming the function on the ``jaxcore.rewards`` logger. ``per_function`` holds the raw values, NaN where
 a function returned None or failed. With ``fallback=None`` failed samples are skipped like
-None. Timeouts are only enforced with ``num_workers > 0``.
+None. ``timeout_s`` holds in every mode: in worker processes (``num_workers > 0``) a late job's worker is
+killed; in-process (``num_workers=0``) SIGALRM interrupts the call (`workers.call_with_timeout`; off the main
+thread, where no alarm can be set, the functions run in one worker process instead). `Scorer.interrupt` (a
+stop signal) ends scoring at once: every chunk not scored yet gets the fallback, counted.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from jaxcore.rewards.config import RewardsConfig
 from jaxcore.rewards.types import Example, RewardFn
-from jaxcore.rewards.workers import Outcome, WorkerPool, one_line
+from jaxcore.rewards.workers import Outcome, WorkerPool, alarm_available, call_with_timeout
 
 logger = logging.getLogger("jaxcore.rewards")
 
@@ -54,11 +57,11 @@ def to_values(output: Any, n: int) -> np.ndarray:
     return values
 
 
-def _run_inline(fn: RewardFn, completions: list[str], examples: list[Example]) -> Outcome:
-    try:
-        return True, fn(completions, examples)
-    except Exception as e:
-        return False, one_line(e)
+class ScoringInterrupted(BaseException):
+    """Raised into an in-process reward call by `Scorer.interrupt` (a stop signal)."""
+
+
+STOPPING = "not scored: the run is stopping"
 
 
 class Scorer:
@@ -98,7 +101,15 @@ class Scorer:
         self._pool = (
             WorkerPool(self.reward_fns, num_workers, start_method) if num_workers > 0 else None
         )
+        if self._pool is None and not alarm_available():
+            try:            # no SIGALRM off the main thread: one worker process enforces the timeout
+                self._pool = WorkerPool(self.reward_fns, 1, start_method)
+            except ValueError as e:
+                logger.warning("rewards.timeout_s cannot be enforced off the main thread for unpicklable reward "
+                               "functions (%s)", str(e).split(";")[0])
         self._closed = False
+        self._interrupted = False
+        self._in_call = False
 
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> ScoreResult:
         """Score one batch; see the module docstring for the failure rules."""
@@ -118,7 +129,7 @@ class Scorer:
         if self._pool is not None:
             outcomes = self._pool.run(payloads, self.timeout_s)
         else:
-            outcomes = [_run_inline(self.reward_fns[n], c, e) for n, c, e in payloads]
+            outcomes = [self._run_inline(self.reward_fns[n], c, e) for n, c, e in payloads]
         raw = {name: np.full(size, np.nan) for name in self.reward_fns}
         failed = {name: np.zeros(size, dtype=bool) for name in self.reward_fns}
         for (name, start, stop), (ok, output) in zip(jobs, outcomes, strict=True):
@@ -138,6 +149,27 @@ class Scorer:
                 self.fallback,
             )
         return self._combine(raw, failed)
+
+    def _run_inline(self, fn: RewardFn, completions: list[str], examples: list[Example]) -> Outcome:
+        """One in-process call under the timeout; after `interrupt`, none is made."""
+        if self._interrupted:
+            return False, STOPPING
+        try:
+            self._in_call = True
+            return call_with_timeout(fn, (completions, examples), self.timeout_s)
+        except ScoringInterrupted:
+            return False, STOPPING
+        finally:
+            self._in_call = False
+
+    def interrupt(self) -> None:
+        """Stop scoring now and give every chunk not scored yet the fallback (counted as failures); meant to be
+        called from a SIGTERM/SIGINT handler. A running in-process call is interrupted (raised into)."""
+        self._interrupted = True
+        if self._pool is not None:
+            self._pool.interrupt()
+        if self._in_call:
+            raise ScoringInterrupted
 
     def _combine(self, raw: dict[str, np.ndarray], failed: dict[str, np.ndarray]) -> ScoreResult:
         fill = np.nan if self.fallback is None else self.fallback

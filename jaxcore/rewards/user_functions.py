@@ -21,9 +21,11 @@ boundary.
 Checked before training (`task_with_rewards`), each a one-line `RewardFunctionError` naming the
 function (exit code 2 from the CLI): an import error, a signature TRL could not call with the task's
 columns, a reward model directory without config.json or that does not load, and a wrong count or a
-non-number return on a probe call (each function once, on empty completions of two eval examples).
-A probe call that raises is only a warning: real functions may assume a real completion (TRL does
-not probe at all). During training a crash, a wrong count or a non-number return is, as for the
+non-number return on a probe call (each function once, on empty completions of two eval examples,
+limited to `rewards.timeout_s`). A probe call that raises or times out is only a warning: real functions
+may assume a real completion (TRL does not probe at all). Importing or calling user code can never end
+the run: a `sys.exit()` in it is an import error or a failed call like any other.
+During training a crash, a wrong count or a non-number return is, as for the
 built-in rewards, a failure of that chunk: the fallback value, a `rewards/<name>/failures` count and
 a one-line warning naming the function.
 """
@@ -43,10 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from jaxcore.errors import RewardFunctionError  # noqa: F401  (re-exported: its old home)
+from jaxcore.rewards.config import RewardsConfig
 from jaxcore.rewards.registry import REWARDS
 from jaxcore.rewards.scoring import to_values
 from jaxcore.rewards.types import Example, RewardFn, TaskError
-from jaxcore.rewards.workers import one_line
+from jaxcore.rewards.workers import call_with_timeout, one_line
 
 TRL_KEYWORDS = ("prompts", "completions", "completion_ids")
 logger = logging.getLogger("jaxcore.rewards")
@@ -117,6 +120,8 @@ def import_function(spec: str, root: str | os.PathLike[str] | None = None) -> Ca
             module = importlib.import_module(location)
     except RewardFunctionError:
         raise
+    except SystemExit as err:                   # user code must not end the run (silently, with code 0)
+        raise RewardFunctionError(f"reward function {spec!r}: importing it called sys.exit({err.code!r})") from None
     except Exception as err:
         raise RewardFunctionError(f"reward function {spec!r}: cannot import it ({one_line(err)})") from err
     fn = getattr(module, attr, None)
@@ -284,27 +289,44 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
     return fns, dict(zip(fns, values))
 
 
-def probe_rewards(fns: dict[str, RewardFn], examples: Sequence[Example]) -> None:
-    """Call each user function and reward model once on empty completions: a wrong count or a non-number
-    return is a one-line `RewardFunctionError` before any training starts. A crash is only logged (one
-    line): a real function may assume a real completion (`re.search(...).group(1)`)."""
+def probe_rewards(fns: dict[str, RewardFn], examples: Sequence[Example],
+                  timeout_s: float | None = RewardsConfig.timeout_s) -> None:
+    """Call each user function and reward model once on empty completions, each under `timeout_s`
+    (`call_with_timeout`): a wrong count or a non-number return is a one-line `RewardFunctionError` before any
+    training starts. A crash or a timeout is only logged (one line): a real function may assume a real
+    completion (`re.search(...).group(1)`)."""
     completions = [Completion("") for _ in examples]
     for name, fn in fns.items():
         if not isinstance(fn, (TRLReward, RewardModel)):
             continue                                        # built-in rewards are trusted
         try:
-            output = fn(completions, list(examples))
-        except RewardFunctionError:
-            raise
-        except Exception as err:
-            logger.warning("reward function %r raised on a probe call with empty completions (%s); going on: "
-                           "during training a failure gets the fallback and is counted", name, one_line(err))
+            ok, output = call_with_timeout(_raising_own_errors(fn), (completions, list(examples)), timeout_s)
+        except _OwnError as err:
+            raise err.args[0] from None
+        if not ok:
+            verb = "did not return" if output.startswith("timed out") else "raised"
+            logger.warning("reward function %r %s on a probe call with empty completions (%s); going on: "
+                           "during training a failure gets the fallback and is counted", name, verb, output)
             continue
         try:
             to_values(output, len(examples))
         except ValueError as err:
             raise RewardFunctionError(f"reward function {name!r} {err} (probe call on {len(examples)} "
                                       "empty completions)") from None
+
+
+class _OwnError(BaseException):
+    """Carries a `RewardFunctionError` out of `call_with_timeout` (which turns other errors into outcomes)."""
+
+
+def _raising_own_errors(fn: RewardFn) -> Callable[..., Any]:
+    """`fn`, with its `RewardFunctionError`s (a reward model that does not load) wrapped to pass through."""
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except RewardFunctionError as err:
+            raise _OwnError(err) from None
+    return call
 
 
 def task_columns(task: Any, examples: Sequence[Example] = ()) -> list[str]:
@@ -315,14 +337,15 @@ def task_columns(task: Any, examples: Sequence[Example] = ()) -> list[str]:
 
 
 def task_with_rewards(task: Any, functions: Sequence[str | Callable[..., Any]],
-                      weights: Sequence[float] | None) -> Any:
-    """`task` scored by `functions` instead of its own rewards, after the checks of the module doc."""
+                      weights: Sequence[float] | None, timeout_s: float | None = RewardsConfig.timeout_s) -> Any:
+    """`task` scored by `functions` instead of its own rewards, after the checks of the module doc (each probe
+    call limited to `timeout_s`)."""
     try:
         probe = task.examples("eval", 2, 0)
     except TaskError:
         probe = task.examples("eval", 1, 0)
     fns, fn_weights = resolve_rewards(functions, weights, task_columns(task, probe))
-    probe_rewards(fns, probe)
+    probe_rewards(fns, probe, timeout_s)
     return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
 
 

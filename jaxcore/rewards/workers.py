@@ -10,12 +10,14 @@ worker, so scripts must keep their entry point under ``if __name__ == "__main__"
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import pickle
 import signal
+import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
@@ -25,12 +27,72 @@ START_METHODS = ("spawn", "forkserver")
 Job = tuple[str, list[str], list[Example]]
 Outcome = tuple[bool, Any]
 """``(True, values)`` or ``(False, reason)``."""
+POLL_S = 0.25          # how often a waiting `run` looks at `stopping` (a signal handler sets it)
 
 
 def one_line(err: BaseException) -> str:
     """`Type: first line of the message`, for one-line failure warnings."""
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+class RewardTimeout(BaseException):
+    """Raised into a reward function that ran past its timeout (a BaseException: `except Exception` in user
+    code cannot swallow it)."""
+
+
+class _Alarm:
+    """SIGALRM for one in-process call: raises `RewardTimeout` into it after `timeout_s`. An alarm someone else
+    set (e.g. pytest-timeout's) is kept: if it is due first its handler runs, and it is re-armed afterwards."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self.armed = False
+
+    def __enter__(self) -> _Alarm:
+        self.previous = signal.signal(signal.SIGALRM, self._handler)
+        self.start = time.monotonic()
+        old_delay, self.old_interval = signal.setitimer(signal.ITIMER_REAL, 0)
+        self.old_deadline = self.start + old_delay if old_delay > 0 else None
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, min(self.timeout_s, old_delay) if old_delay > 0 else self.timeout_s)
+        return self
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        if self.old_deadline is not None and time.monotonic() >= self.old_deadline and callable(self.previous):
+            self.previous(signum, frame)              # the other alarm was due first: its handler decides
+            return
+        raise RewardTimeout
+
+    def __exit__(self, *exc: Any) -> None:
+        self.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+        if self.old_deadline is not None:
+            signal.setitimer(signal.ITIMER_REAL, max(self.old_deadline - time.monotonic(), 1e-6), self.old_interval)
+
+
+def alarm_available() -> bool:
+    """Whether an in-process call can be timed out: SIGALRM exists and this is the main thread."""
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+def call_with_timeout(fn: Callable[..., Any], args: Sequence[Any], timeout_s: float | None) -> Outcome:
+    """`(True, fn(*args))`, or `(False, reason)` when it raised (SystemExit included: user code cannot end the
+    run) or ran past `timeout_s` seconds. The timeout is SIGALRM's (main thread only; `alarm_available`): it
+    interrupts Python code, sleeps and blocking I/O, not a C extension that never returns to Python (use
+    worker processes, `rewards.num_workers`, for such code). Ctrl-C (KeyboardInterrupt) is not caught."""
+    timed = timeout_s is not None and timeout_s > 0 and alarm_available()
+    try:
+        with _Alarm(timeout_s) if timed else contextlib.nullcontext():
+            return True, fn(*args)
+    except RewardTimeout:
+        return False, f"timed out after {timeout_s:g} s"
+    except (Exception, SystemExit) as e:
+        return False, one_line(e)
 
 
 def pickle_reward_fns(reward_fns: Mapping[str, RewardFn]) -> bytes:
@@ -127,14 +189,18 @@ class WorkerPool:
         self._num_workers = num_workers
         self._startup_timeout_s = startup_timeout_s
         self._workers: list[_Worker] = []
+        self.stopping = False              # set by `interrupt` (from a signal handler): jobs end at once
 
     def run(self, jobs: Sequence[Job], timeout_s: float) -> list[Outcome]:
-        """Run ``jobs``, each limited to ``timeout_s`` seconds once it reaches a worker.
+        """Run ``jobs``, each limited to ``timeout_s`` seconds once it reaches a worker (after `interrupt`,
+        none is run: each comes back as a failure).
 
         Raises RuntimeError (after closing the pool) if a worker cannot start.
         """
         if not jobs:
             return []
+        if self.stopping:
+            return [(False, "not scored: the run is stopping")] * len(jobs)
         self._workers = [w for w in self._workers if self._reusable(w)]
         while len(self._workers) < self._num_workers:
             self._workers.append(self._new_worker())
@@ -151,8 +217,11 @@ class WorkerPool:
                         self._replace(worker)
                         continue
                     worker.job, worker.deadline = index, time.monotonic() + timeout_s
+            if self.stopping:
+                self._abandon(queue, outcomes)
+                break
             waiting = [w for w in self._workers if w.waiting]
-            timeout = max(0.0, min(w.deadline for w in waiting) - time.monotonic())
+            timeout = min(max(0.0, min(w.deadline for w in waiting) - time.monotonic()), POLL_S)
             ready_conns = wait([w.conn for w in waiting], timeout)
             for worker in waiting:
                 if worker.conn in ready_conns:
@@ -160,6 +229,21 @@ class WorkerPool:
                 elif time.monotonic() >= worker.deadline:
                     self._expire(worker, outcomes, timeout_s)
         return [o if o is not None else (False, "job was not run") for o in outcomes]
+
+    def interrupt(self) -> None:
+        """Stop the jobs of the current and every later `run` at once (safe to call from a signal handler):
+        running jobs' workers are killed, and every job not done comes back as a failure."""
+        self.stopping = True
+
+    def _abandon(self, queue: deque[int], outcomes: list[Outcome | None]) -> None:
+        """After `interrupt`: fail the queued jobs and the running ones (their workers killed and replaced)."""
+        queue.clear()
+        for worker in list(self._workers):
+            if worker.job is not None:
+                outcomes[worker.job] = (False, "not scored: the run is stopping")
+                worker.job = None
+                worker.kill()
+                self._workers.remove(worker)
 
     def close(self, grace_s: float = 1.0) -> None:
         """Stop all workers: ask them to exit, kill those still alive after ``grace_s``."""

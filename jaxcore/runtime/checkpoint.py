@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,8 +29,10 @@ import orbax.checkpoint as ocp
 from jaxcore.errors import (  # noqa: F401  (CheckpointWriteError, NoRestorableCheckpointError: re-exported)
     CheckpointReadError,
     CheckpointWriteError,
+    ConfigValueError,
     NoRestorableCheckpointError,
 )
+from jaxcore.outputs import demote_orbax_errors, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -49,83 +50,21 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-# How a file path or a traceback names orbax's sources (records, coroutines left over from a restore).
-_ORBAX_DIR = f"{os.sep}orbax{os.sep}"
-
-
-class _OrbaxErrorsToDebug(logging.Filter):
-    """Drop orbax's ERROR records and re-log their first line at DEBUG: the same failure reaches
-    `TrainCheckpointer` as an exception and is reported there in one line.
-
-    Two kinds: orbax's own (multi-line tracebacks from its save threads), and asyncio's "Task exception was
-    never retrieved" for orbax's other per-array reads when a restore fails on one array (the record comes
-    from asyncio; its message names the orbax coroutine).
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        message = record.getMessage()
-        from_orbax = _ORBAX_DIR in (record.pathname or "")
-        orbax_task = record.name == "asyncio" and "never retrieved" in message and _ORBAX_DIR in message
-        if from_orbax or orbax_task:
-            log.debug("orbax: %s", message.splitlines()[0] if message else "")
-            return False
-        return True
-
-
-_ORBAX_FILTER = _OrbaxErrorsToDebug()
-
-
-def _orbax_read_left_over(unraisable: Any) -> bool:
-    """True for the two errors a restore that failed on one array leaves behind from the reads of the others,
-    which the default hook prints as tracebacks on stderr although the failure is reported in one line:
-
-    - tensorstore's "Event loop is closed", when a read finishes after orbax's event loop closed;
-    - orbax's own per-array read coroutine, collected while suspended, raising from its close().
-    """
-    code = getattr(unraisable.object, "cr_code", None)
-    if code is not None and _ORBAX_DIR in code.co_filename:
-        return True
-    if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
-        return False
-    tb = unraisable.exc_traceback
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(os.path.join("asyncio", "base_events.py"))
-
-
-def _install_unraisable_filter() -> None:
-    """Wrap `sys.unraisablehook` to drop `_orbax_read_left_over` errors (logged at DEBUG); others pass on."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_jaxcore_filter", False):
-        return
-
-    def hook(unraisable: Any) -> None:
-        if _orbax_read_left_over(unraisable):
-            log.debug("ignored an error left over from a failed restore's other reads: %s",
-                      first_line(unraisable.exc_value) if unraisable.exc_value is not None else "")
-            return
-        previous(unraisable)
-
-    hook._jaxcore_filter = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
 
 
 class TrainCheckpointer:
     """Save and restore (state pytree, meta dict) per step under `directory`."""
 
-    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 3, async_save: bool = True):
+        if max_to_keep is not None and not max_to_keep >= 1:     # 0 would delete every checkpoint, old ones too
+            raise ConfigValueError(f"train.max_to_keep={max_to_keep}: keep at least 1 checkpoint")
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
                                                create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._pending: int | None = None         # the step whose asynchronous write may still be running
         self._reader: Any = None                  # reads without orbax's barrier (multi-process runs; `_read`)
-        for name in ("absl", "orbax", "asyncio"):
-            if _ORBAX_FILTER not in logging.getLogger(name).filters:
-                logging.getLogger(name).addFilter(_ORBAX_FILTER)
-        _install_unraisable_filter()
+        demote_orbax_errors()
 
     def save(self, step: int, state: Any, meta: dict[str, Any], *, wait: bool = False) -> None:
         """Start writing step `step` (asynchronous unless `wait`).
@@ -153,7 +92,7 @@ class TrainCheckpointer:
         except Exception:  # noqa: BLE001 -- the write error is the one to report
             last_text = "unknown"
         where = f"step {step}" if step is not None else "a pending save"
-        reason = first_line(err) or type(err).__name__
+        reason = os_reason(err)
         return CheckpointWriteError(f"writing checkpoint {where} to {self.directory} failed ({reason}); "
                                     f"last good checkpoint: {last_text}")
 

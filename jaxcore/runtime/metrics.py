@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
 from typing import Any
+
+from jaxcore.errors import TrainingError
+from jaxcore.outputs import open_output, translated_os_errors
+
+log = logging.getLogger(__name__)
 
 
 def _jsonable(value: Any) -> Any:
@@ -22,12 +28,17 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | Path, *, tensorboard: bool = True, resume_after: int | None = None):
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        with translated_os_errors(self.path):
+            self._open(resume_after, tensorboard)
+
+    def _open(self, resume_after: int | None, tensorboard: bool) -> None:
+        """Keep the records up to `resume_after` (none: start afresh), open the log and the TensorBoard writer."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume_after is not None and self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", -1) <= resume_after]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = [line for line, record in _records(self.path) if record.get("step", -1) <= resume_after]
+            with open_output(self.path, overwrite=True, name="metrics") as handle:    # all or nothing
+                handle.write("".join(line + "\n" for line in kept))
         elif resume_after is None and self.path.is_file():
             self.path.unlink()
         self._file = self.path.open("a")
@@ -42,8 +53,9 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with translated_os_errors(self.path):                 # a full disk: one line, not a traceback
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
         if self._writer is not None:
             for key, value in record.items():
                 if key not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -55,8 +67,29 @@ class MetricsLogger:
             self._writer.close()
 
 
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) for every line of a metrics file. A last line that is not a complete JSON object (what a
+    crash or a full disk leaves) is dropped with a warning; a bad line before it is a one-line `TrainingError`
+    (something other than jaxcore wrote it: nothing is dropped)."""
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    out = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            if number == len(lines):
+                log.warning("%s: dropping its last line, which is incomplete (%s): %.60s", path, err, line)
+                break
+            raise TrainingError(f"{path}:{number}: not a JSON object ({err}); fix or remove that line") from None
+        out.append((line, record))
+    return out
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a metrics.jsonl (an incomplete last line dropped with a warning)."""
+    return [record for _, record in _records(Path(path))]
 
 
 def plot_rewards(metrics_path: str | Path, png_path: str | Path, title: str = "reward") -> Path:
@@ -78,6 +111,9 @@ def plot_rewards(metrics_path: str | Path, png_path: str | Path, title: str = "r
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    try:
+        with translated_os_errors(png_path):
+            fig.savefig(png_path, dpi=120)
+    finally:
+        plt.close(fig)
     return Path(png_path)

@@ -4,29 +4,36 @@ factory that ES and GRPO both use."""
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Annotated, Literal
 
 import jax
 import optax
+from annotated_types import Ge, Gt, Interval
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "cosine", "linear")
+from jaxcore.config.schema import Checked
+
+OptimizerName = Literal["sgd", "adam", "adamw"]
+Schedule = Literal["constant", "cosine", "linear"]
+OPTIMIZERS = typing.get_args(OptimizerName)
+SCHEDULES = typing.get_args(Schedule)
 
 
 @dataclasses.dataclass
-class OptimizerConfig:
+class OptimizerConfig(Checked):
     """The `optimizer:` section. ES defaults to SGD at a constant rate; the GRPO job config composes it with
     TRL's defaults (AdamW, 1e-6, linear decay to 0 over the run, gradients clipped at norm 1)."""
 
-    name: str = "sgd"                   # sgd | adam | adamw
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0           # sgd: added to the gradient; adamw: decoupled, matrices only (as HF)
-    momentum: float | None = None       # sgd only
-    schedule: str = "constant"          # constant | cosine | linear (TRL's lr_scheduler_type)
-    warmup_steps: int = 0               # linear warmup from 0
+    name: OptimizerName = "sgd"
+    learning_rate: Annotated[float, Ge(0)] = 1e-3
+    weight_decay: Annotated[float, Ge(0)] = 0.0   # sgd: added to the gradient; adamw: decoupled, matrices only (HF)
+    momentum: Annotated[float, Interval(ge=0, lt=1)] | None = None   # sgd only
+    schedule: Schedule = "constant"     # TRL's lr_scheduler_type
+    warmup_steps: Annotated[int, Ge(0)] = 0   # linear warmup from 0
     max_grad_norm: float | None = None  # global-norm clipping (None or <= 0: none)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
+    adam_beta1: Annotated[float, Interval(ge=0, lt=1)] = 0.9
+    adam_beta2: Annotated[float, Interval(ge=0, lt=1)] = 0.999
+    adam_epsilon: Annotated[float, Gt(0)] = 1e-8
 
 
 def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
@@ -47,6 +54,37 @@ def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), body], [warmup])
 
 
+def check_learning_rate(cfg: OptimizerConfig, total_steps: int,
+                        learning_rate: float | optax.Schedule | None = None) -> None:
+    """Refuse (one-line `ConfigValueError`) a learning rate that is not a finite number >= 0 at every step
+    0..total_steps of its schedule (`make_schedule(cfg, total_steps)`, or `learning_rate` when given), and
+    optimiser settings that are not finite: such a rate turns every weight into NaN."""
+    import numpy as np
+
+    from jaxcore.errors import ConfigValueError
+
+    for key in ("learning_rate", "weight_decay", "momentum", "max_grad_norm", "adam_beta1", "adam_beta2",
+                "adam_epsilon"):
+        value = getattr(cfg, key)
+        if value is not None and not np.isfinite(float(value)):
+            raise ConfigValueError(f"optimizer.{key}: {value} is not a finite number")
+    lr = make_schedule(cfg, total_steps) if learning_rate is None else learning_rate
+    rates = np.asarray(lr(np.arange(max(total_steps, 1) + 1)) if callable(lr) else lr, np.float64)
+    bad = ~np.isfinite(rates) | (rates < 0)
+    if bad.any():
+        step = int(np.argmax(bad.reshape(-1)))
+        raise ConfigValueError(f"optimizer.learning_rate: the schedule gives {float(rates.reshape(-1)[step])} at "
+                               f"step {step}; it must be a finite number >= 0 at every step")
+
+
+def all_finite(tree: object) -> jax.Array:
+    """One boolean scalar: every entry of every array in `tree` is finite (cheap, on device; for jitted steps)."""
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jax.numpy.asarray(True)
+    return jax.numpy.stack([jax.numpy.isfinite(x).all() for x in leaves]).all()
+
+
 def _matrices(params: object) -> object:
     return jax.tree.map(lambda x: x.ndim >= 2, params)
 
@@ -55,6 +93,7 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int = 1,
                    learning_rate: float | optax.Schedule | None = None) -> optax.GradientTransformation:
     """Global-norm clipping (when `max_grad_norm` > 0), then SGD, Adam or AdamW at `make_schedule(cfg,
     total_steps)` (or `learning_rate`, a number or an optax schedule, when given)."""
+    check_learning_rate(cfg, total_steps, learning_rate)
     lr = make_schedule(cfg, total_steps) if learning_rate is None else learning_rate
     if cfg.name == "sgd":
         opt = optax.sgd(lr, momentum=cfg.momentum)

@@ -3,13 +3,14 @@ itself is the algorithm's: `Algorithm.memory_plan`), and the helpers `jaxcore pl
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import jax
 
 from jaxcore.errors import UserError
+from jaxcore.hf.convert import read_json_config
+from jaxcore.hf.model_checkpoint import read_meta
 from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.memory import DEFAULT_PROMPT_TOKENS, refusal
@@ -36,15 +37,13 @@ def prompt_tokens_of(job_cfg: Any, prompt_tokens: int | None = None) -> int:
 
 
 def hf_config_at(path: str | Path) -> dict[str, Any] | None:
-    """The HF config of a model directory (config.json) or a jaxcore checkpoint (jaxcore.json); None if neither."""
+    """The HF config of a model directory (config.json) or a jaxcore checkpoint (jaxcore.json); None if neither.
+    A file that is not valid JSON, or whose keys have the wrong types, is a CheckpointError naming it."""
     path = Path(path)
-    try:
-        if (path / "config.json").is_file():
-            return json.loads((path / "config.json").read_text())
-        if (path / "jaxcore.json").is_file():
-            return json.loads((path / "jaxcore.json").read_text()).get("hf_config")
-    except (OSError, json.JSONDecodeError):
-        return None           # the loader reports it properly
+    if (path / "config.json").is_file():
+        return read_json_config(path / "config.json")
+    if (path / "jaxcore.json").is_file():
+        return read_meta(path).get("hf_config")
     return None
 
 

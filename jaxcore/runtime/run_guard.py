@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxcore.errors import OutDirLockedError, ResumeError  # noqa: F401  (re-exported)
+from jaxcore.outputs import translated_os_errors
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,8 @@ class OutDirLock:
                     pass                     # not empty (or gone): keep it
 
     def __enter__(self) -> OutDirLock:
-        self.acquire()
+        with translated_os_errors(self.path, "taking the lock"):      # a full or read-only disk: one line
+            self.acquire()
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -192,3 +192,21 @@ def test_include_lm_head_perturbs_a_tied_head(tiny_dir, llama):
     assert targets(tied, include_lm_head=True) == targets(tied) | {"embed.table"}
     assert targets(llama, include_lm_head=True) == targets(llama) | {"lm_head.kernel"}      # untied: its own head
     assert "embed.table" not in targets(llama, include_lm_head=True)
+
+
+@pytest.mark.parametrize("learning_rate", [float("nan"), float("inf")])
+def test_a_non_finite_update_is_never_applied(llama, learning_rate):
+    """A finite gradient with a NaN/Inf learning rate gives a non-finite update: the step is skipped inside the
+    jitted update (old parameters and optimizer state kept), not written into the weights."""
+    import optax
+
+    plan, _ = noise_of(llama, epoch=0)
+    optimizer = optax.sgd(learning_rate)                    # built directly: make_optimizer refuses this rate
+    before = {k: np.asarray(v) for k, v in flat_state(llama).items()}
+    opt_state = optimizer.init(eggroll.perturbed_params(llama, plan))
+    fitness = np.array([0.5, -1.0, 2.0, 0.0, 1.5, -0.25], np.float32)
+    opt_state, update = eggroll.es_step(llama, plan, optimizer, opt_state, 0, fitness, donate_params=True)
+    assert update["skipped"] and np.isfinite(update["grad_norm"])
+    after = {k: np.asarray(v) for k, v in flat_state(llama).items()}
+    for path, value in before.items():
+        np.testing.assert_array_equal(after[path], value)

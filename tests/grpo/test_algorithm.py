@@ -223,18 +223,18 @@ def test_rewards_no_function_scored_are_left_out_of_the_advantages():
 
 @pytest.mark.parametrize("override,expected", [
     ("grpo.betaa=0.1", "unknown config key grpo.betaa"),
-    ("grpo.beta=abc", "grpo.beta: expected a number, got 'abc'"),
-    ("grpo.loss_type=ppo", "unknown loss_type 'ppo'"),
+    ("grpo.beta=abc", "grpo.beta='abc': must be a number"),
+    ("grpo.loss_type=ppo", "grpo.loss_type='ppo': must be 'grpo', 'bnpo'"),
     ("rollout.generations_per_prompt=1", "generations_per_prompt must be >= 2"),
     ("rollout.temperature=0", "temperature must be > 0"),
     ("optimizer.name=sgd", "GRPO trains with AdamW"),
     ("rollout.prompts_per_epoch=3", "must be a multiple of 8 devices"),
     ("grpo.fsdp=3", "do not multiply to the 8 available devices"),
-    ("grpo.importance_sampling_level=group", "importance_sampling_level must be token or sequence"),
+    ("grpo.importance_sampling_level=group", "grpo.importance_sampling_level='group': must be 'token' or 'sequence'"),
     ("grpo.sync_ref_model=true", "sync_ref_model needs beta != 0"),
     ("grpo.steps_per_generation=4", "must be a multiple of 8 devices x 4 micro-batches"),
     ("grpo.lora.target_modules=[qq_proj]", "lora.target_modules ['qq_proj'] match no module"),
-    ("grpo.lora.export=zip", "grpo.lora.export=zip"),
+    ("grpo.lora.export=zip", "grpo.lora.export='zip': must be 'merged', 'adapter' or 'both'"),
 ])
 def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected):
     code, err = run_cli(capsys, *grpo_args(tiny_dir("llama"), tmp_path / "out", override))

@@ -239,3 +239,22 @@ def test_batch_must_split_over_micro_batches_and_devices(path, batch, grpo_job):
     learner = GRPOLearner(jaxcore.load_hf(path), grpo_job(gradient_accumulation_steps=3))
     with pytest.raises(ValueError, match="micro-batches"):
         learner.prepare(batch)
+
+
+@pytest.mark.parametrize("learning_rate", [float("nan"), float("inf")])
+def test_a_non_finite_update_is_never_applied(path, batch, grpo_job, monkeypatch, learning_rate):
+    """Finite loss and gradients with a NaN/Inf learning rate: the update is not finite, so the jitted step keeps
+    the parameters, moments and step count, reports `skipped`, and the rollout stops there."""
+    import optax
+
+    from jaxcore.grpo import learner as learner_module
+
+    monkeypatch.setattr(learner_module, "make_optimizer", lambda cfg, total_steps: optax.sgd(learning_rate))
+    learner = GRPOLearner(jaxcore.load_hf(path), grpo_job(loss_type="grpo", max_completion_length=8))
+    before = params_of(learner)
+    steps = learner.train_on_rollout(batch)
+    assert len(steps) == 1 and steps[0]["skipped"] == 1.0
+    assert np.isfinite(steps[0]["loss"]) and np.isfinite(steps[0]["grad_norm"])
+    assert not learner_module.finite(steps[0]) and int(learner.state.step) == 0
+    for x, y in zip(params_of(learner), before, strict=True):
+        np.testing.assert_array_equal(x, y)

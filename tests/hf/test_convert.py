@@ -112,6 +112,7 @@ def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path, monkeypatch
     import stat
     import tempfile
 
+    from jaxcore import outputs
     from jaxcore.hf import convert
 
     def write(tmp):
@@ -129,7 +130,7 @@ def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path, monkeypatch
             if proc:
                 patch.setattr(os, "umask", forbidden)
             else:
-                patch.setattr(convert, "PROC_STATUS", tmp_path / "no-proc" / "status")
+                patch.setattr(outputs, "PROC_STATUS", tmp_path / "no-proc" / "status")
             out = convert.atomic_directory(tmp_path / "export", write)
         assert os.umask(umask) == umask                         # the fallback restored it
     finally:
@@ -137,3 +138,41 @@ def test_exported_directories_get_umask_modes_not_mkdtemps(tmp_path, monkeypatch
     assert stat.S_IMODE(out.stat().st_mode) == dir_mode
     assert stat.S_IMODE((out / "sub").stat().st_mode) == dir_mode
     assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == file_mode
+
+
+def test_a_failed_write_keeps_the_old_directory_and_leaves_no_temporary(tmp_path):
+    """A full disk half-way through replacing a directory: one-line OutputError, the old directory as it was."""
+    import errno
+
+    from jaxcore.errors import OutputError
+    from jaxcore.hf import convert
+
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def write(tmp):
+        (tmp / "new.txt").write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OutputError, match=r"export: writing failed \(No space left on device\)"):
+        convert.atomic_directory(out, write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert [p.name for p in out.iterdir()] == ["old.txt"] and (out / "old.txt").read_text() == "old"
+
+
+def test_an_export_never_replaces_its_own_input(tiny_dir, tmp_path):
+    """save_hf over the directory its tokenizer comes from (or one holding it) is refused, even with overwrite."""
+    import shutil
+
+    from jaxcore.errors import OutputError
+    from jaxcore.hf import convert
+
+    source = tmp_path / "models" / "tiny"
+    shutil.copytree(tiny_dir("llama"), source)
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    model = convert.load_hf(source)
+    for out in (source, source.parent):
+        with pytest.raises(OutputError, match="is also an input|contains the input"):
+            convert.save_hf(model, out, tokenizer_dir=source, overwrite=True)
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before

@@ -2,6 +2,9 @@
 
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -188,3 +191,69 @@ def test_score_convenience_with_workers() -> None:
     # chunk size ceil(3 / 2) = 2: raise fails on samples 0:2 only
     assert result.rewards_B.tolist() == [1.0, 3.0, 13.0]
     assert result.failures == {"len": 0, "raise": 2}
+
+
+def busy_on_hang(completions: list[str], examples: list[Example]) -> list[float | None]:
+    """Spins in Python (no sleep, no I/O) on "hang"; returns at last, so a scorer without a timeout fails the test."""
+    if "hang" in completions:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+    return [1.0] * len(completions)
+
+
+def exit_on_exit(completions: list[str], examples: list[Example]) -> list[float | None]:
+    if "exit" in completions:
+        sys.exit(0)
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("fn", [hang_on_hang, busy_on_hang], ids=["sleeps", "spins"])
+def test_in_process_timeout_holds(fn, caplog: pytest.LogCaptureFixture) -> None:
+    """num_workers=0: a call past timeout_s is interrupted (SIGALRM) and its chunk gets the fallback, counted."""
+    handler = signal.getsignal(signal.SIGALRM)
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = score(*batch("hang", "ab"), {"f": fn}, chunk_size=1, timeout_s=0.5)
+    assert result.failures == {"f": 1} and result.rewards_B.tolist() == [0.0, 1.0]
+    assert "reward 'f' failed on samples 0:1 (timed out after 0.5 s)" in caplog.text
+    assert signal.getsignal(signal.SIGALRM) == handler            # the handler is put back
+
+
+def test_sys_exit_in_a_reward_is_a_failed_call(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = score(*batch("exit", "ab"), {"f": exit_on_exit}, chunk_size=1)
+    assert result.failures == {"f": 1} and result.rewards_B.tolist() == [0.0, 1.0]
+    assert "(SystemExit: 0)" in caplog.text
+
+
+def test_a_stop_signal_ends_in_process_scoring_at_once() -> None:
+    """SIGTERM while a reward function hangs in-process: the runner's StopSignal interrupts the scorer; the call
+    and every chunk after it get the fallback, counted, and no later chunk is called."""
+    from jaxcore.runtime.runner import StopSignal
+
+    calls = []
+
+    def term_then_hang(completions: list[str], examples: list[Example]) -> list[float | None]:
+        calls.append(completions[0])
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        return [1.0] * len(completions)
+
+    with Scorer({"f": term_then_hang}, chunk_size=1, timeout_s=60) as scorer, \
+            StopSignal(on_signal=scorer.interrupt) as stop:
+        result = scorer.score(*batch("a", "b", "c"))
+    assert stop.received == signal.SIGTERM and calls == ["a"]
+    assert result.failures == {"f": 3} and result.rewards_B.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_interrupt_ends_worker_scoring_at_once() -> None:
+    """With workers, `interrupt` (from a signal handler; here another thread) kills the busy worker: the hung
+    chunk and the queued one get the fallback instead of waiting out timeout_s."""
+    with Scorer({"hang": hang_on_hang}, num_workers=1, timeout_s=60, chunk_size=1) as scorer:
+        timer = threading.Timer(1.0, scorer.interrupt)
+        timer.start()
+        try:
+            result = scorer.score(*batch("hang", "ab"))
+        finally:
+            timer.cancel()
+    assert result.failures == {"hang": 2} and result.rewards_B.tolist() == [0.0, 0.0]

@@ -2,6 +2,7 @@
 prompts, None rewards, reward models, the Python trainer API, and one-line errors for bad functions."""
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -395,3 +396,28 @@ def test_a_causal_lm_as_reward_model_is_refused(tiny_dir):
 
     with pytest.raises(RewardFunctionError, match=r"not a trained sequence classifier \(LlamaForCausalLM; score"):
         resolve_rewards([f"model:{tiny_dir('llama')}"])
+
+
+def test_a_sys_exit_on_import_is_a_one_line_error(tmp_path) -> None:
+    """User code that calls sys.exit(0) while being imported cannot end the run (silently, with code 0)."""
+    from jaxcore.rewards.user_functions import RewardFunctionError, resolve_rewards
+
+    (tmp_path / "quits.py").write_text("import sys\nsys.exit(0)\n\ndef fn(completions, **kw):\n    return [1.0]\n")
+    with pytest.raises(RewardFunctionError, match=r"quits.py:fn'?: importing it called sys.exit\(0\)"):
+        resolve_rewards([f"{tmp_path}/quits.py:fn"])
+
+
+def test_the_probe_call_is_limited_to_the_timeout(tmp_path, caplog) -> None:
+    """A function that hangs on the probe's empty completions is interrupted after timeout_s: a warning, and the
+    run goes on (it returns at last, so a probe without a timeout fails the test)."""
+    from jaxcore.rewards import get_task
+    from jaxcore.rewards.user_functions import task_with_rewards
+
+    (tmp_path / "hangs.py").write_text(
+        "import time\n\ndef fn(completions, **kw):\n    if completions and completions[0] == '':\n"
+        "        time.sleep(30)\n    return [1.0] * len(completions)\n")
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        task = task_with_rewards(get_task("addition"), [f"{tmp_path}/hangs.py:fn"], None, timeout_s=0.5)
+    assert list(task.reward_fns) == ["fn"]
+    assert "reward function 'fn' did not return on a probe call with empty completions (timed out after 0.5 s)" \
+        in caplog.text

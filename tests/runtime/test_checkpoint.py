@@ -713,3 +713,16 @@ def test_processes_agree_on_a_corruption_only_one_of_them_reads(tiny_dir, tmp_pa
     resumed = final_params(out)
     for key in straight:
         np.testing.assert_allclose(resumed[key], straight[key], atol=1e-6, rtol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("max_to_keep", [0, -1])
+def test_a_retention_that_keeps_nothing_is_refused_before_any_checkpoint_is_touched(tmp_path, max_to_keep):
+    """orbax would delete every checkpoint with max_to_keep=0 (and fail with a traceback for -1)."""
+    from jaxcore.errors import ConfigValueError
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
+
+    (tmp_path / "checkpoints" / "3").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "3" / "kept").write_text("x")
+    with pytest.raises(ConfigValueError, match=f"train.max_to_keep={max_to_keep}: keep at least 1"):
+        TrainCheckpointer(tmp_path / "checkpoints", max_to_keep=max_to_keep)
+    assert (tmp_path / "checkpoints" / "3" / "kept").read_text() == "x"

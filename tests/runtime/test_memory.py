@@ -239,7 +239,8 @@ def run_plan(tmp_path, capsys, yaml: str, *extra: str):
     config = tmp_path / "job.yaml"
     config.write_text(yaml)
     out = tmp_path / "plan.json"
-    code = main(["plan", "--config", str(config), "--model-config", str(LLAMA_8B), "--json", str(out), *extra])
+    code = main(["plan", "--config", str(config), "--model-config", str(LLAMA_8B), "--json", str(out), "--overwrite",
+                 *extra])                       # one plan.json per test, replaced by each call
     assert code == 0
     return capsys.readouterr().out, json.loads(out.read_text())
 

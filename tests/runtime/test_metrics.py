@@ -39,3 +39,27 @@ def test_a_resumed_log_drops_the_epochs_it_runs_again(tmp_path):
     purges = [e.step for e in tensorboard_events(tmp_path / "tensorboard")
               if e.HasField("session_log") and e.session_log.status == e.session_log.START]
     assert purges == [3]
+
+
+def test_a_truncated_last_line_is_dropped_with_a_warning_on_resume(tmp_path, caplog):
+    """What a crash or a full disk leaves (a last line cut mid-record) is dropped with a warning, not a traceback."""
+    complete = [json.dumps({"step": s, "reward": 0.5}) for s in (0, 1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(complete) + '\n{"step": 3, "rew')
+    logger = MetricsLogger(tmp_path, tensorboard=False, resume_after=2)
+    logger.log(3, {"reward": 0.75})
+    logger.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+    assert "dropping its last line, which is incomplete" in caplog.text
+
+
+def test_a_bad_line_before_the_last_is_one_line_and_changes_nothing(tmp_path):
+    import pytest
+
+    from jaxcore.errors import TrainingError
+
+    text = '{"step": 0}\nnot json\n{"step": 1}\n'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    with pytest.raises(TrainingError, match=r"metrics.jsonl:2: not a JSON object"):
+        MetricsLogger(tmp_path, tensorboard=False, resume_after=1)
+    assert (tmp_path / "metrics.jsonl").read_text() == text

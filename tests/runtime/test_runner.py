@@ -24,10 +24,10 @@ from jaxcore.runtime.algorithm import Algorithm, StepResult
 
 @pytest.mark.parametrize("override,expected", [
     ("es.sigmaa=0.1", "unknown config key es.sigmaa"),
-    ("es.sigma=abc", "es.sigma: expected a number, got 'abc'"),
-    ("train.epochs=2.5", "train.epochs: expected an integer, got 2.5"),
+    ("es.sigma=abc", "es.sigma='abc': must be a number"),
+    ("train.epochs=2.5", "train.epochs=2.5: must be an integer"),
     ("nosection.x=1", "unknown config key nosection"),
-    ("es.population=7", "population must be an even number"),
+    ("es.population=7", "es.population=7: must be even"),
 ])
 def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected):
     code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), tmp_path / "out", override))
@@ -183,6 +183,26 @@ def test_nan_updates_are_skipped_then_stop_with_last_good_checkpoint(tiny_dir, t
     ckpt = TrainCheckpointer(out / "checkpoints")
     assert ckpt.latest_step() == 2                  # epochs 3 and 4 never wrote a checkpoint
     ckpt.close()
+
+
+def test_a_stop_before_any_checkpoint_names_none(tiny_dir, tmp_path, monkeypatch):
+    """Bad steps from the first epoch on: the error says no checkpoint was written, never names an empty
+    checkpoint directory as "the last good checkpoint"."""
+    import jax.numpy as jnp
+
+    from jaxcore.api import ESTrainer
+    from jaxcore.es import eggroll
+    from jaxcore.runtime.runner import TrainingError
+
+    real = eggroll.estimate_gradient
+    monkeypatch.setattr(eggroll, "estimate_gradient", lambda *args, **kwargs: {
+        k: v * jnp.nan for k, v in real(*args, **kwargs).items()})
+    out = tmp_path / "nan-first"
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=3", "train.eval_every=-1",
+                                              "train.checkpoint_every=1", "train.max_bad_steps=1"))
+    with pytest.raises(TrainingError, match="1 consecutive bad steps") as raised:
+        ESTrainer(args=cfg).train()
+    assert "no checkpoint was written to" in str(raised.value) and "last good" not in str(raised.value)
 
 
 def raising_reward(completions, examples):

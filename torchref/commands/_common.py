@@ -39,3 +39,8 @@ def show_progress(enabled: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+
+
+def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """--overwrite: replace an existing, non-empty output (never an input: `jaxcore.outputs`)."""
+    parser.add_argument("--overwrite", action="store_true", help=f"replace an existing, non-empty {what}")

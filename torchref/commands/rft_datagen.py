@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from torchref.commands._common import add_engine_arguments, add_prompt_arguments, prompt_options, show_progress
+from torchref.commands._common import (
+    add_engine_arguments,
+    add_overwrite_argument,
+    add_prompt_arguments,
+    prompt_options,
+    show_progress,
+)
 from torchref.rft.datagen import KNOBS, DatagenConfig
 from torchref.rft.engines import SamplingParams as S  # the sampling flags default to its settings
 from torchref.rft.settings import add_knobs, resolve_knobs
@@ -27,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="HF model directory (config.json, safetensors, tokenizer)")
     parser.add_argument("--questions", required=True, help="JSON list of [question, answer] (from rft-data)")
     parser.add_argument("--out", required=True, help="output JSON list of [question, answer, reasoning]")
+    add_overwrite_argument(parser, "--out or --stats file")
     add_knobs(parser, KNOBS)
     parser.add_argument("--keep", type=int, default=DatagenConfig.keep,
                         help="distinct correct completions kept per question; 0 keeps all "
@@ -47,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     show_progress(args.progress)
+    from jaxcore.outputs import check_output, translated_os_errors, write_text
     from torchref.rft.data import load_questions, write_json
     from torchref.rft.datagen import generate_dataset
     from torchref.rft.engines import load_engine
@@ -55,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     knobs = resolve_knobs(args, KNOBS)
     if knobs["temperature"] <= 0:
         raise RFTError(f"rejection sampling needs temperature > 0, got {knobs['temperature']}")
+    inputs = (args.model, args.questions)
+    for flag, path in (("--out", args.out), ("--stats", args.stats)):   # before any work: never over an input
+        if path:
+            check_output(path, kind="file", inputs=inputs, overwrite=args.overwrite, name=flag)
     questions = load_questions(args.questions)[:args.limit]
     config = DatagenConfig(oversample=knobs["oversample"], batch_size=knobs["batch_size"],
                            micro_batch_size=knobs["micro_batch_size"], chunk_size=knobs["chunk_size"], keep=args.keep)
@@ -63,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
                             max_prompt_length=args.max_prompt_length, truncate_prompts=args.truncate_prompts)
     engine = load_engine(args.engine, args.model, params, dtype=args.dtype, **prompt_options(args))
     entries, stats = generate_dataset(engine, questions, config, progress=args.progress)
-    write_json(args.out, entries)
+    with translated_os_errors(args.out):
+        write_json(args.out, entries)
     summary = {**stats.as_dict(), "engine": args.engine, **knobs, "keep": args.keep}
     if args.stats:
-        Path(args.stats).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.stats).write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(args.stats, json.dumps(summary, indent=2) + "\n", inputs=inputs, overwrite=args.overwrite,
+                   name="--stats")
     print(f"wrote {args.out}: {stats.kept} entries; {stats.solved}/{stats.questions} questions solved "
           f"({stats.success_rate:.1%}), {stats.completions} completions in {stats.seconds:.1f} s "
           f"({summary['completions_per_s']:.1f}/s, answer rate {summary['answer_rate']:.1%})")

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from torchref.commands._common import add_engine_arguments, add_prompt_arguments, prompt_options, show_progress
+from torchref.commands._common import (
+    add_engine_arguments,
+    add_overwrite_argument,
+    add_prompt_arguments,
+    prompt_options,
+    show_progress,
+)
 from torchref.rft.engines import SamplingParams as S  # the sampling flags default to its settings
 
 
@@ -24,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", default=None, help="peft LoRA adapter directory to merge in (--engine hf)")
     parser.add_argument("--json", dest="json_out", default=None,
                         help="write metrics and every completion to this JSON file")
+    add_overwrite_argument(parser, "--json file")
     parser.add_argument("--max-new-tokens", type=int, default=S.max_new_tokens, help=f"default {S.max_new_tokens}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=S.top_p, help=f"nucleus sampling (default {S.top_p}: off)")
@@ -39,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     show_progress(args.progress)
+    from jaxcore.outputs import check_output, write_text
     from torchref.rft.data import load_questions
     from torchref.rft.engines import load_engine
     from torchref.rft.errors import RFTError
@@ -46,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.samples < 1 or args.batch_size < 1 or args.micro_batch_size < 1:
         raise RFTError("--samples, --batch-size and --micro-batch-size must be >= 1")
+    inputs = (args.model, args.questions, args.adapter)
+    if args.json_out:                                          # before any work: never over an input
+        check_output(args.json_out, kind="file", inputs=inputs, overwrite=args.overwrite, name="--json")
     questions = load_questions(args.questions)[:args.limit]
     params = S(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed)
@@ -57,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         record = {"model": args.model, "adapter": args.adapter, "questions_file": args.questions,
                   "engine": args.engine, "temperature": args.temperature, **result}
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(record, indent=2) + "\n")
+        write_text(args.json_out, json.dumps(record, indent=2) + "\n", inputs=inputs, overwrite=args.overwrite,
+                   name="--json")
         print(f"wrote {args.json_out}")
     return 0

@@ -31,7 +31,9 @@ KNOBS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="base HF model directory (config.json, safetensors, tokenizer)")
     parser.add_argument("--data", required=True, help="JSON list of [question, answer, reasoning] (rft-datagen output)")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", required=True, help="output directory (an existing, non-empty one needs --resume or "
+                                                    "--overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="write into an existing, non-empty --out")
     add_knobs(parser, KNOBS)
     parser.add_argument("--epochs", type=float, default=T.epochs, help=f"default {T.epochs:g}")
     parser.add_argument("--max-steps", type=int, default=T.max_steps, help="optimiser steps; > 0 overrides --epochs")
@@ -86,6 +88,10 @@ def end_distributed() -> None:
 
 def run(args: argparse.Namespace) -> int:
     show_progress(args.progress)
+    from jaxcore.outputs import check_output
+
+    check_output(args.out, inputs=(args.model, args.data), overwrite=args.overwrite or args.resume, name="--out",
+                 overwrite_hint="pass --resume to continue the run in it, or --overwrite")     # before the imports
     from torchref.rft.train import train  # lazy: torch, peft and transformers
 
     targets = tuple(t.strip() for t in args.target_modules.split(",") if t.strip()) if args.target_modules else None

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from jaxcore.errors import UserError, check_text
 from jaxcore.rewards.numeric import reference_value
 from jaxcore.rewards.tasks import unit_conversion_task
 from jaxcore.rewards.types import TaskError
@@ -99,4 +100,9 @@ def _checked(path: str | os.PathLike, index: int, entry: Any, width: int, *, exa
         raise TaskError(f"{where}: the answer must be finite, got {answer!r}")
     if rest and (not isinstance(rest[0], str) or not rest[0].strip()):
         raise TaskError(f"{where}: the reasoning must be a non-empty string")
+    for text in (question, *rest):
+        try:
+            check_text(text, where)
+        except UserError as err:
+            raise TaskError(str(err)) from None
     return (question, value, *rest)

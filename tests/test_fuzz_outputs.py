@@ -1,0 +1,244 @@
+"""Outputs across the CLIs: no command deletes or changes what existed before it, whatever its output path.
+
+Table-driven, like tests/test_fuzz_cli.py (whose helpers this uses): each row of CASES is (id, cli, argv template,
+expected substring of the one stderr line, fault). Every case runs in a scratch folder `{tmp}` holding two tiny HF
+models under `{tmp}/models`, a jaxcore checkpoint `{tmp}/ckpt`, a file `{tmp}/afile`, a link `{tmp}/link` and the
+inputs in FILES; it must exit non-zero with exactly one stderr line, no traceback, and leave every file and folder
+of `{tmp}` as it was (same paths, same bytes: no input deleted, no old output replaced, no temporary left over).
+
+A fault simulates the filesystem failing half-way (a full disk, a read-only mount) by patching the lowest writer
+a command goes through to raise the OSError (or the library error carrying it) a real one raises.
+"""
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_runs import es_args, run_cli
+from test_fuzz_cli import assert_one_line, call_cli
+
+FILES = {
+    "afile": "an existing output\n",
+    "prompts.jsonl": '{"prompt": "1 + 1 ="}\n',
+    "plan.yaml": "es:\n  population: 8\n",
+    "questions.json": '[["Convert 1 km to m.", 1000.0]]\n',
+    "data/train.json": '[["Convert 2 km to m.", 2000.0]]\n',
+    "run/final_hf/config.json": "{}\n",
+    "quits.py": "import sys\nsys.exit(0)\n\n\ndef fn(completions, **kwargs):\n    return [1.0] * len(completions)\n",
+}
+
+
+def enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def erofs(*args, **kwargs):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+
+def safetensors_full(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+FAULTS = {                                # name -> (module, attribute path, replacement)
+    "fsync-enospc": ("os", "fsync", enospc),
+    "safetensors-enospc": ("jaxcore.hf.convert", "save_file", safetensors_full),
+    "orbax-enospc": ("orbax.checkpoint", "PyTreeCheckpointer.save", enospc),
+    "mkdtemp-erofs": ("tempfile", "mkdtemp", erofs),
+    "mkstemp-erofs": ("tempfile", "mkstemp", erofs),
+    "write-text-enospc": ("pathlib", "Path.write_text", enospc),
+}
+
+M = ["--max-new-tokens", "2"]
+
+
+def es(out: str, *extra: str) -> list[str]:
+    """`jaxcore es` on the scratch folder's tiny model."""
+    return ["es", *es_args("{tmp}/models/tiny", out, *extra)]
+
+
+CASES = [
+    # an output that is, contains or lies inside an input: refused, even with --overwrite
+    ("convert-out-contains-input", "jaxcore", ["convert", "--from-hf", "{tmp}/models/tiny", "--out", "{tmp}/models"],
+     "--out {tmp}/models contains the input {tmp}/models/tiny", None),
+    ("convert-overwrite-never-deletes-input", "jaxcore",
+     ["convert", "--from-hf", "{tmp}/models/tiny", "--out", "{tmp}/models", "--overwrite"],
+     "contains the input", None),
+    ("convert-out-is-input", "jaxcore", ["convert", "--from-hf", "{tmp}/models/tiny", "--out", "{tmp}/models/tiny",
+                                         "--overwrite"],
+     "--out {tmp}/models/tiny is also an input", None),
+    ("convert-out-inside-input", "jaxcore", ["convert", "--from-hf", "{tmp}/models/tiny", "--out",
+                                             "{tmp}/models/tiny/sub"],
+     "is inside the input {tmp}/models/tiny", None),
+    ("convert-to-hf-out-is-input", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out", "{tmp}/ckpt",
+                                               "--overwrite"],
+     "--out {tmp}/ckpt is also an input", None),
+    ("convert-gguf-out-is-input", "jaxcore", ["convert", "--from-gguf", "{tmp}/afile", "--out", "{tmp}/afile"],
+     "is also an input", None),
+    ("generate-output-is-prompts", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompts-file",
+                                               "{tmp}/prompts.jsonl", "--output", "{tmp}/prompts.jsonl",
+                                               "--overwrite", *M],
+     "--output {tmp}/prompts.jsonl is also an input", None),
+    ("generate-output-inside-model", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi",
+                                                 "--output", "{tmp}/models/tiny/out.jsonl", "--overwrite", *M],
+     "is inside the input {tmp}/models/tiny", None),
+    ("plan-json-is-config", "jaxcore", ["plan", "--config", "{tmp}/plan.yaml", "--json", "{tmp}/plan.yaml",
+                                        "--overwrite", "model.path={tmp}/models/tiny"],
+     "--json {tmp}/plan.yaml is also an input", None),
+    ("rft-datagen-out-is-questions", "torchref", ["rft-datagen", "--model", "{tmp}/models/tiny", "--questions",
+                                                  "{tmp}/questions.json", "--out", "{tmp}/questions.json",
+                                                  "--overwrite"],
+     "--out {tmp}/questions.json is also an input", None),
+    ("rft-eval-json-is-questions", "torchref", ["rft-eval", "--model", "{tmp}/models/tiny", "--questions",
+                                                "{tmp}/questions.json", "--json", "{tmp}/questions.json",
+                                                "--overwrite"],
+     "--json {tmp}/questions.json is also an input", None),
+    ("rft-train-out-is-model", "torchref", ["rft-train", "--model", "{tmp}/models/tiny", "--data",
+                                            "{tmp}/questions.json", "--out", "{tmp}/models/tiny", "--resume"],
+     "--out {tmp}/models/tiny is also an input", None),
+    ("es-final-hf-is-model", "jaxcore", ["es", "model.path={tmp}/run/final_hf", "train.out_dir={tmp}/run"],
+     "final_hf {tmp}/run/final_hf is also an input", None),
+    # an output that exists and is not empty: refused without --overwrite
+    ("convert-out-exists", "jaxcore", ["convert", "--from-hf", "{tmp}/models/tiny", "--out", "{tmp}/models/other"],
+     "--out {tmp}/models/other already exists and is not empty (pass --overwrite", None),
+    ("generate-output-exists", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi", "--output",
+                                           "{tmp}/afile", *M],
+     "--output {tmp}/afile already exists and is not empty", None),
+    ("plan-json-exists", "jaxcore", ["plan", "--json", "{tmp}/afile", "model.path={tmp}/models/tiny"],
+     "--json {tmp}/afile already exists and is not empty", None),
+    ("rft-data-out-exists", "torchref", ["rft-data", "--out", "{tmp}/data", "--train", "2", "--valid", "1"],
+     "{tmp}/data/train.json already exists and is not empty", None),
+    ("rft-train-out-exists", "torchref", ["rft-train", "--model", "{tmp}/models/tiny", "--data",
+                                          "{tmp}/questions.json", "--out", "{tmp}/models/other"],
+     "already exists and is not empty (pass --resume to continue the run in it, or --overwrite", None),
+    ("es-fresh-run-over-final-hf", "jaxcore", es("{tmp}/run"),
+     "final_hf {tmp}/run/final_hf already exists and is not empty (continue that run with --resume", None),
+    # the wrong kind of path
+    ("convert-out-is-file", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out", "{tmp}/afile", "--overwrite"],
+     "--out {tmp}/afile exists and is not a directory", None),
+    ("convert-out-under-file", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out", "{tmp}/afile/sub"],
+     "{tmp}/afile is a file, not a directory", None),
+    ("convert-out-is-link", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out", "{tmp}/link", "--overwrite"],
+     "--out {tmp}/link is a symbolic link", None),
+    ("generate-output-is-dir", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi",
+                                           "--output", "{tmp}/data", "--overwrite", *M],
+     "--output {tmp}/data is a directory; expected a file path", None),
+    ("generate-output-is-link", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi",
+                                            "--output", "{tmp}/link", "--overwrite", *M],
+     "--output {tmp}/link is a symbolic link", None),
+    ("es-out-dir-is-file", "jaxcore", es("{tmp}/afile"),
+     "train.out_dir {tmp}/afile exists and is not a directory", None),
+    ("es-out-dir-under-file", "jaxcore", es("{tmp}/afile/run"),
+     "{tmp}/afile is a file, not a directory", None),
+    ("es-out-dir-dangling-link", "jaxcore", es("{tmp}/dangling"),
+     "train.out_dir {tmp}/dangling is a symbolic link to nothing", None),
+    # settings that would lose work, user code that would end the run
+    ("es-infinite-learning-rate", "jaxcore", es("{tmp}/new", "optimizer.learning_rate=inf"),
+     "optimizer.learning_rate", None),
+    ("es-keep-no-checkpoint", "jaxcore", es("{tmp}/new", "train.max_to_keep=0"),
+     "max_to_keep", None),
+    ("es-reward-module-exits", "jaxcore", es("{tmp}/new", "rewards.functions=[{tmp}/quits.py:fn]"),
+     "importing it called sys.exit(0)", None),
+    # the filesystem failing half-way: one line, the old output (if any) intact, no temporary left
+    ("convert-to-hf-full-disk-keeps-old", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out",
+                                                      "{tmp}/models/other", "--overwrite"],
+     "{tmp}/models/other: writing failed (No space left on device)", "safetensors-enospc"),
+    ("convert-from-hf-full-disk", "jaxcore", ["convert", "--from-hf", "{tmp}/models/tiny", "--out", "{tmp}/new"],
+     "{tmp}/new: writing failed (No space left on device)", "orbax-enospc"),
+    ("convert-read-only", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out", "{tmp}/new"],
+     "{tmp}/new: writing failed (Read-only file system)", "mkdtemp-erofs"),
+    ("generate-full-disk-keeps-old", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi",
+                                                 "--output", "{tmp}/afile", "--overwrite", *M],
+     "{tmp}/afile: writing failed (No space left on device)", "fsync-enospc"),
+    ("generate-read-only", "jaxcore", ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi",
+                                       "--output", "{tmp}/new.jsonl", *M],
+     "{tmp}/new.jsonl: writing failed (Read-only file system)", "mkstemp-erofs"),
+    ("plan-json-full-disk", "jaxcore", ["plan", "--json", "{tmp}/afile", "--overwrite",
+                                        "model.path={tmp}/models/tiny"],
+     "{tmp}/afile: writing failed (No space left on device)", "fsync-enospc"),
+    ("rft-data-full-disk", "torchref", ["rft-data", "--out", "{tmp}/data", "--train", "2", "--valid", "1",
+                                        "--overwrite"],
+     "{tmp}/data/train.json: writing failed (No space left on device)", "write-text-enospc"),
+]
+
+
+def listing(folder: Path) -> dict[str, str]:
+    """Every path under `folder` (links not followed; hidden ones too) with its content hash, "dir" or "link"."""
+    import hashlib
+
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        key = str(path.relative_to(folder))
+        if path.is_symlink():
+            out[key] = f"link -> {os.readlink(path)}"
+        elif path.is_dir():
+            out[key] = "dir"
+        else:
+            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def scratch_template(tiny_dir, tmp_path_factory) -> Path:
+    """The scratch folder every case starts from (copied per case)."""
+    from jaxcore.cli import main
+
+    root = tmp_path_factory.mktemp("outputs-template")
+    model = tiny_dir("llama")
+    shutil.copytree(model, root / "models" / "tiny")
+    shutil.copytree(model, root / "models" / "other")
+    for name, text in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert main(["convert", "--from-hf", str(model), "--out", str(root / "ckpt")]) == 0
+    shutil.copytree(model, root / "run" / "final_hf", dirs_exist_ok=True)      # an earlier run's export
+    (root / "link").symlink_to(root / "models" / "other")
+    (root / "dangling").symlink_to(root / "nowhere")
+    return root
+
+
+def fill(arg: str, tmp: Path) -> str:
+    return arg.replace("{tmp}", str(tmp))
+
+
+@pytest.mark.parametrize("cli,argv,expected,fault", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_failed_command_changes_nothing(scratch_template, tmp_path, capsys, monkeypatch, cli, argv, expected,
+                                          fault):
+    import importlib
+
+    tmp = tmp_path / "scratch"
+    shutil.copytree(scratch_template, tmp, symlinks=True)
+    for link in ("link", "dangling"):           # the copied links still point into the template: re-point them
+        target = os.readlink(tmp / link).replace(str(scratch_template), str(tmp))
+        (tmp / link).unlink()
+        (tmp / link).symlink_to(target)
+    before = listing(tmp)
+    if fault is not None:
+        module, attribute, replacement = FAULTS[fault]
+        *owners, name = attribute.split(".")
+        target = importlib.import_module(module)
+        for owner in owners:
+            target = getattr(target, owner)
+        monkeypatch.setattr(target, name, replacement)
+    code, out = call_cli(capsys, cli, [fill(a, tmp) for a in argv])
+    monkeypatch.undo()
+    assert_one_line(code, out.out, out.err, fill(expected, tmp))
+    assert listing(tmp) == before
+
+
+def test_full_disk_at_the_final_export_keeps_the_checkpoints(tiny_dir, tmp_path, capsys, monkeypatch):
+    """The run trains and checkpoints, then the disk fills while final_hf is written: one line naming final_hf,
+    the last checkpoint intact (the run resumes from it), no final_hf and no temporary directory left."""
+    from jaxcore.hf import convert
+
+    monkeypatch.setattr(convert, "write_safetensors", enospc)
+    out = tmp_path / "run"
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, "train.epochs=1", "train.eval_every=-1"))
+    assert code == 2 and len(err) == 1, err
+    assert f"{out}/final_hf: writing failed (No space left on device)" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "metrics.jsonl", "reward.png"]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["0"]
