@@ -12,15 +12,19 @@ config's `rewards.functions` or the task's own rewards are used. `args.rewards.w
 reward function (`reward_funcs` or `rewards.functions`); weights without functions are an error.
 `train_dataset` / `eval_dataset` are a `datasets.Dataset`, a list of dicts or a path (JSON, JSONL, a
 saved HF dataset); every column besides "prompt" reaches the reward functions. Without
-`train_dataset` the config's `task` is used. One runtime underneath: `jaxcore.runtime.runner.run_training`
+`train_dataset` the config's `task` is used. `tools` (functions) and `environment_factory` (an environment
+class or factory, or {name: factory}) are TRL's: each row becomes a multi-turn episode (`jaxcore.agents`),
+for both trainers. One runtime underneath: `jaxcore.runtime.runner.run_training`
 and its `Runner`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jaxcore.config import schema
 from jaxcore.errors import ConfigValueError
 from jaxcore.es.config import ESConfig
 from jaxcore.grpo.config import GRPOConfig
@@ -42,20 +46,42 @@ class _Trainer:
         raise NotImplementedError
 
     def __init__(self, model: Any = None, reward_funcs: RewardFuncs | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, args: Any = None, *, tokenizer: str | None = None):
+                 eval_dataset: Any = None, args: Any = None, *, tokenizer: str | None = None,
+                 tools: Sequence[Callable[..., Any]] | None = None, environment_factory: Any = None):
+        """Checks every argument and every setting of `args` (types and ranges: `jaxcore.config.schema`)
+        before any work: a TypeError or ValueError naming the parameter."""
         self.args = args if args is not None else self.config_type()
         if not isinstance(self.args, self.config_type):
             raise TypeError(f"args must be a {self.config_type.__name__}, got {type(self.args).__name__}")
         self.model = None
-        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-            self.args.model.path = str(model)
+        if isinstance(model, str) or isinstance(model, os.PathLike):
+            self.args.model.path = os.fspath(model)
         elif model is not None:
+            if not callable(model) or not hasattr(model, "config"):
+                raise TypeError(f"model must be a path or a loaded jaxcore.Transformer, got {type(model).__name__}")
             self.model = model
+        if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+            raise TypeError(f"tokenizer must be a directory path, got {type(tokenizer).__name__}")
         self.tokenizer = tokenizer
-        if callable(reward_funcs) or isinstance(reward_funcs, str):
-            reward_funcs = [reward_funcs]
-        self.reward_funcs = list(reward_funcs) if reward_funcs is not None else None
+        self.reward_funcs = _reward_funcs(reward_funcs)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            if not (dataset is None or isinstance(dataset, (str, os.PathLike))
+                    or (hasattr(dataset, "__iter__") and not isinstance(dataset, (bytes, Mapping)))):
+                raise TypeError(f"{name} must be a path, a datasets.Dataset or a list of dicts, got "
+                                f"{type(dataset).__name__}")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        # TRL's multi-turn arguments (`jaxcore.agents`): tool functions, and an environment class / factory or a
+        # {name: factory} mapping chosen per row by its `environment` column
+        self.tools, self.environment_factory = list(tools or ()), environment_factory
+        self.check_args()
+
+    def check_args(self) -> None:
+        """Every setting of `args` against its declared type and range (then the rules between settings):
+        ConfigTypeError (a TypeError) or ConfigValueError naming `args.<key>`. `train` checks again."""
+        schema.check(self.args, "args.")
+        validate = getattr(self.args, "validate", None)
+        if validate is not None:
+            validate()
 
     def make_task(self) -> Any:
         """The task: the datasets with the reward functions, or the configured task (rewards replaced)."""
@@ -80,8 +106,26 @@ class _Trainer:
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
+        self.check_args()                              # the settings may have been edited since __init__
         return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
-                            model=self.model, tokenizer_dir=self.tokenizer)
+                            model=self.model, tokenizer_dir=self.tokenizer, tools=self.tools,
+                            environment_factory=self.environment_factory)
+
+
+def _reward_funcs(reward_funcs: Any) -> list[str | Callable[..., Any]] | None:
+    """`reward_funcs` as a list, or a TypeError naming the entry that is neither a callable nor a spec string."""
+    if reward_funcs is None:
+        return None
+    if callable(reward_funcs) or isinstance(reward_funcs, str):
+        reward_funcs = [reward_funcs]
+    if not isinstance(reward_funcs, Sequence):
+        raise TypeError(f"reward_funcs must be a callable, a spec string or a list of them, got "
+                        f"{type(reward_funcs).__name__}")
+    for index, func in enumerate(reward_funcs):
+        if not (callable(func) or (isinstance(func, str) and func)):
+            raise TypeError(f"reward_funcs[{index}] must be a callable or a non-empty spec string "
+                            f"('file.py:fn', 'pkg.mod:fn', 'model:DIR' or a built-in name), got {func!r}")
+    return list(reward_funcs)
 
 
 class ESTrainer(_Trainer):

@@ -18,9 +18,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxcore.agents import run_episodes
 from jaxcore.es import eggroll
 from jaxcore.es.config import ESConfig
 from jaxcore.es.memory import plan_job
+from jaxcore.model.config import config_from_hf
 from jaxcore.model.state import flat_state, write_params
 from jaxcore.parallel import meshes, sharding
 from jaxcore.parallel.config import SHARD_MIN_SIZE
@@ -28,6 +30,7 @@ from jaxcore.rewards import Example, Scorer
 from jaxcore.runtime.algorithm import Algorithm, StepResult
 from jaxcore.runtime.memory import MemoryPlan, largest_population
 from jaxcore.runtime.optim import make_optimizer
+from jaxcore.runtime.plan_check import hf_config_at
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,7 @@ def shard_masters(model: Any, mesh: jax.sharding.Mesh, dtype: str = "float32", m
     """Master weights sharded over every device of `mesh` (`sharding.master_spec`, in `dtype`), in place:
     each device then updates only its slice, and the optimizer state (initialised from them) follows.
     Leaves already in place (loaded straight into the masters' layout) are left alone, not copied."""
-    target = sharding.master_shardings(mesh, min_size)
+    target = sharding.master_shardings(mesh, min_size, model.config.head_dim)
     flat = flat_state(model)
     moved = {path: value for path, value in flat.items()
              if not (isinstance(value, jax.Array) and value.dtype == jax.numpy.dtype(dtype)
@@ -67,11 +70,21 @@ def compute_model(model: Any, mesh: jax.sharding.Mesh) -> Any:
     "model" axis (replicated over "pop"): re-assembled from the sharded masters once per epoch."""
     size = mesh.shape[meshes.MODEL]
     flat = sharding.shard_params(flat_state(model), lambda path, shape: sharding.tensor_parallel_spec(
-        path, shape, meshes.MODEL, size), mesh, dtype=model.dtype)
+        path, shape, meshes.MODEL, size, model.config.head_dim), mesh, dtype=model.dtype)
     graphdef, state = nnx.split(model)
     copy = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
     write_params(copy, flat)
     return copy
+
+
+def _head_dim(model_path: str) -> int | None:
+    """The attention head width of the model at `model_path` (None when it cannot be read: loading says why), so
+    the masters load straight into the head-aligned tensor-parallel layout."""
+    try:
+        hf = hf_config_at(model_path)
+        return config_from_hf(hf).head_dim if hf else None
+    except (ValueError, OSError):
+        return None
 
 
 class EggrollAlgorithm(Algorithm):
@@ -87,7 +100,7 @@ class EggrollAlgorithm(Algorithm):
             mesh = meshes.es_mesh(cfg.mesh.model)
         except ValueError:
             return {}
-        return {"shardings": sharding.master_shardings(mesh, cfg.mesh.shard_min_size),
+        return {"shardings": sharding.master_shardings(mesh, cfg.mesh.shard_min_size, _head_dim(cfg.model.path)),
                 "param_dtype": cfg.es.master_dtype}
 
     @classmethod
@@ -109,9 +122,11 @@ class EggrollAlgorithm(Algorithm):
                                   cfg.es.population, devices // cfg.mesh.model)
         return "population", best
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = (),
+                 agent: Any = None):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.eos_token_ids = eos_token_ids
+        self.agent = agent              # tools / environments (`jaxcore.agents`): multi-turn episodes
         es = cfg.es
         self.plan = eggroll.make_plan(model, dataclasses.replace(es, seed=cfg.train.seed if es.seed is None
                                                                  else es.seed))
@@ -159,12 +174,22 @@ class EggrollAlgorithm(Algorithm):
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
         es = self.cfg.es
         n, p, g = es.population, len(examples), self.cfg.rollout.generations_per_prompt
-        ids, mask, row_examples = self.rollout_rows(examples)
         population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch, out_sharding=self.rows)
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
-        result = sample(population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
-                        pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows)
-        scores = score_rows(result, row_examples, self.tokenizer, scorer)
+        episode_metrics: dict[str, Any] = {}
+        if self.agent is None:
+            ids, mask, row_examples = self.rollout_rows(examples)
+            result = sample(population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
+                            pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows)
+            scores = score_rows(result, row_examples, self.tokenizer, scorer)
+        else:       # every row (member-major) an episode with its own environment instance: members share none
+            row_examples = [e for e in examples for _ in range(g)] * n
+            episodes = run_episodes(self.agent, population, self.tokenizer, row_examples, self.cfg.rollout, key=key,
+                                    eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                    row_sharding=self.rows)
+            result, self.prompts_truncated = episodes.result, episodes.prompts_truncated
+            scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards)
+            episode_metrics = episodes.metrics()
         rewards = scores.rewards_B.reshape(n, p, g)
         fitness_N = member_fitness(rewards, es.shaping)
         metrics: dict[str, Any] = {
@@ -174,6 +199,7 @@ class EggrollAlgorithm(Algorithm):
             "prompts/truncated": self.prompts_truncated,
             **{f"rewards/{k}/mean": v for k, v in function_means(scores.per_function).items()},
             **{f"rewards/{k}/failures": v for k, v in scores.failures.items()},
+            **episode_metrics,
         }
         if not np.isfinite(fitness_N).all():
             return StepResult(metrics, skipped=True, reason="non-finite fitness")

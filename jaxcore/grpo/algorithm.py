@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxcore.agents import Episodes, run_episodes
 from jaxcore.grpo.advantages import compute_advantages, reward_metrics
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.learner import GRPOLearner, finite
@@ -101,9 +102,11 @@ class GRPOAlgorithm(Algorithm):
                                 cfg.rollout.prompts_per_epoch, step)
         return "rollout.prompts_per_epoch", best
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = (),
+                 agent: Any = None):
         cfg.validate()
         self.tokenizer, self.cfg, self.eos_token_ids = tokenizer, cfg, eos_token_ids
+        self.agent = agent              # tools / environments (`jaxcore.agents`): multi-turn episodes
         self.model_config = model.config
         self.mesh = meshes.grpo_mesh(cfg.grpo.fsdp)
         n_rows = cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt
@@ -170,21 +173,35 @@ class GRPOAlgorithm(Algorithm):
                       pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows,
                       num_return_sequences=r.generations_per_prompt)
 
-    def score(self, result: GenerationResult, row_examples: list[Example], scorer: Scorer) -> RowScores:
-        """Each process scores the rows it holds; every row's scores, rewards combined by `advantage_rewards`."""
-        return score_rows(result, row_examples, self.tokenizer, scorer,
-                          combined=lambda scores: advantage_rewards(scores, scorer.fallback))
+    def episodes(self, epoch: int, row_examples: list[Example]) -> Episodes:
+        """A multi-turn rollout (`jaxcore.agents`): one episode per row (G per prompt), each with its own
+        environment instance."""
+        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
+        episodes = run_episodes(self.agent, self.learner.model, self.tokenizer, row_examples, self.cfg.rollout,
+                                key=key, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                row_sharding=self.rows)
+        self.prompts_truncated = episodes.prompts_truncated
+        return episodes
 
-    def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray
-                   ) -> GRPOBatch:
-        """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`."""
-        g = self.cfg.rollout.generations_per_prompt
+    def score(self, result: GenerationResult, row_examples: list[Example], scorer: Scorer,
+              episodes: Episodes | None = None) -> RowScores:
+        """Each process scores the rows it holds; every row's scores (with a multi-turn rollout's environment
+        rewards), rewards combined by `advantage_rewards`."""
+        return score_rows(result, row_examples, self.tokenizer, scorer,
+                          combined=lambda scores: advantage_rewards(scores, scorer.fallback),
+                          extra=None if episodes is None else episodes.env_rewards)
+
+    def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray,
+                   tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:
+        """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`. `ids`/`mask`
+        are per prompt, or (with a multi-turn rollout's `tool_mask_BC`, 0 on tool tokens) per row already."""
+        g = self.cfg.rollout.generations_per_prompt if tool_mask_BC is None else 1
         tokens, lengths = rows.gather_rows(result.tokens), rows.gather_rows(result.lengths)
         width = completion_width(lengths, tokens.shape[1])      # no padded work past the longest completion
         tokens = tokens[:, :width]
         completion_mask = np.arange(width)[None, :] < lengths[:, None]
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
-                            self.eos_token_ids)
+                            self.eos_token_ids, None if tool_mask_BC is None else tool_mask_BC[:, :width])
         if self.cfg.old_logp_source == "rollout":
             logprobs = np.where(completion_mask, rows.gather_rows(result.logprobs)[:, :width], 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
@@ -193,13 +210,19 @@ class GRPOAlgorithm(Algorithm):
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
         began = time.perf_counter()
         g, scale = self.cfg.rollout.generations_per_prompt, self.cfg.grpo.scale_rewards
-        ids, mask = self.encode(examples)
-        result = jax.block_until_ready(self.rollout(epoch, ids, mask))   # the timing names generation's cost
+        row_examples = [e for e in examples for _ in range(g)]
+        episodes = None
+        if self.agent is None:
+            ids, mask = self.encode(examples)
+            result = jax.block_until_ready(self.rollout(epoch, ids, mask))   # the timing names generation's cost
+        else:
+            episodes = self.episodes(epoch, row_examples)
+            ids, mask, result = episodes.prompt_ids_BT, episodes.prompt_mask_BT, episodes.result
         rolled = time.perf_counter()
-        scores = self.score(result, [e for e in examples for _ in range(g)], scorer)
+        scores = self.score(result, row_examples, scorer, episodes)
         rewards_B = scores.rewards_B
         advantages_B = np.asarray(compute_advantages(rewards_B, g, scale))
-        batch = self.make_batch(ids, mask, result, advantages_B)
+        batch = self.make_batch(ids, mask, result, advantages_B, None if episodes is None else episodes.model_mask_BE)
         scored = time.perf_counter()
         steps = self.learner.train_on_rollout(batch)   # host floats; stops at the first non-finite step
         ended = time.perf_counter()
@@ -211,9 +234,10 @@ class GRPOAlgorithm(Algorithm):
             **{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
             "num_tokens": self.num_tokens, "prompts/truncated": self.prompts_truncated,
             "timing/rollout": rolled - began, "timing/scoring": scored - rolled,
-            "timing/update": ended - scored, "step_time": ended - began}      # the three parts add up to the step
+            "timing/update": ended - scored, "step_time": ended - began,      # the three parts add up to the step
+            **(episodes.metrics() if episodes is not None else {})}
         if not finite(steps[-1]):
             applied = f"; the {len(steps) - 1} before it were applied" if len(steps) > 1 else ""
-            return StepResult(metrics, skipped=True, reason=f"non-finite loss or grad norm in optimiser step "
+            return StepResult(metrics, skipped=True, reason=f"non-finite loss, grad norm or update in optimiser step "
                                                             f"{len(steps)} of this rollout{applied}")
         return StepResult(metrics)

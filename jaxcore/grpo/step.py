@@ -34,7 +34,7 @@ from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.loss import grpo_loss, masked_mean
 from jaxcore.inference.logprobs import token_entropy, token_logprobs
 from jaxcore.model.transformer import Transformer
-from jaxcore.runtime.optim import make_schedule
+from jaxcore.runtime.optim import all_finite, make_schedule
 
 Array = jax.Array
 Params = dict[str, Any]                    # nnx.to_pure_dict of the model's nnx.Param state
@@ -69,11 +69,13 @@ class TrainState:
 
 
 def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, completion_mask_BC: Any,
-                advantages_B: Any, eos_token_ids: Sequence[int] = ()) -> GRPOBatch:
+                advantages_B: Any, eos_token_ids: Sequence[int] = (), tool_mask_BC: Any = None) -> GRPOBatch:
     """Concatenate TRL-style prompt/completion arrays into a host-side `GRPOBatch`.
 
     A completion is truncated when its last real token is not one of `eos_token_ids` (no EOS given:
-    nothing counts as truncated). `completion_mask_BC` is 1 up to and including the EOS.
+    nothing counts as truncated). `completion_mask_BC` is 1 up to and including the EOS. `tool_mask_BC`
+    (TRL's, from a multi-turn rollout) is 0 on the completion tokens the model did not generate (tool
+    results): they stay attended to but leave the loss, as TRL's `completion_mask * tool_mask`.
     """
     prompt_mask_BP = np.asarray(prompt_mask_BP, np.int32)
     completion_ids_BC = np.asarray(completion_ids_BC, np.int32)
@@ -83,10 +85,11 @@ def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any,
     last_B = completion_ids_BC[np.arange(b), np.maximum(length_B - 1, 0)]
     truncated_B = (length_B > 0) & ~np.isin(last_B, list(eos_token_ids)) if len(eos_token_ids) else \
         np.zeros(b, bool)
+    trained_BC = completion_mask_BC if tool_mask_BC is None else completion_mask_BC * np.asarray(tool_mask_BC, np.int32)
     return GRPOBatch(
         input_ids_BT=np.concatenate([np.asarray(prompt_ids_BP, np.int32), completion_ids_BC], 1),
         attention_mask_BT=np.concatenate([prompt_mask_BP, completion_mask_BC], 1),
-        completion_mask_BL=np.concatenate([np.zeros((b, p - 1), np.int32), completion_mask_BC], 1),
+        completion_mask_BL=np.concatenate([np.zeros((b, p - 1), np.int32), trained_BC], 1),
         advantages_B=np.asarray(advantages_B, np.float32),
         truncated_B=truncated_B, completion_start=p - 1)
 
@@ -221,8 +224,11 @@ def make_train_step(build: Builder, cfg: GRPOConfig, optimizer: optax.GradientTr
         metrics = {k: v.mean() for k, v in metrics.items()}   # TRL averages per-micro-batch metrics
         metrics.update(loss=losses.sum(), grad_norm=optax.tree.norm(grads),
                        learning_rate=schedule(state.step), loss_tokens=num_items)
-        # A non-finite loss or gradient applies nothing (params, moments and step stay as they were).
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        # A non-finite loss, gradient, update or new parameter (e.g. a NaN learning rate) applies nothing (params,
+        # moments and step stay as they were); `skipped` says so.
+        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & all_finite(updates)
+                  & all_finite(params))
+        metrics["skipped"] = (~finite).astype(jnp.float32)
         new_state = TrainState(state.step + 1, params, opt_state)
         return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state), metrics
 

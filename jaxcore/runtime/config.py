@@ -5,25 +5,33 @@ length, evaluation, checkpoints and logging. Each is declared once here; the ES 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Annotated, Literal
 
+from annotated_types import Ge
+
+from jaxcore.config.schema import Checked
 from jaxcore.inference.sampling import SamplingConfig
+
+ComputeDtype = Literal["float32", "bfloat16"]
+COMPUTE_DTYPES = typing.get_args(ComputeDtype)
 
 
 @dataclasses.dataclass
-class ModelSource:
+class ModelSource(Checked):
     """The `model:` section: the weights a run starts from."""
 
     path: str = ""                      # HF directory or jaxcore checkpoint
-    dtype: str = "float32"              # compute dtype; parameters stay float32
+    dtype: ComputeDtype = "float32"     # compute dtype; parameters stay float32
     remat: bool = False
 
 
 @dataclasses.dataclass
-class PromptLimitConfig:
+class PromptLimitConfig(Checked):
     """How long a prompt may be (`hf.tokenization.rollout_prompt_limit`): the rollout's prompt limits, also
     those of torchref's RFT engines."""
 
-    max_prompt_length: int | None = None  # prompt tokens kept (None: the model's positions)
+    max_prompt_length: Annotated[int, Ge(1)] | None = None  # prompt tokens kept (None: the model's positions)
     truncate_prompts: bool = True       # longer prompts: keep the last tokens (warned, counted) or refuse
 
 
@@ -33,26 +41,34 @@ class RolloutConfig(SamplingConfig, PromptLimitConfig):
     completions per prompt and prompt limits (max_prompt_length, truncate_prompts). ES rolls out greedily by
     default, GRPO at temperature 1."""
 
-    prompts_per_epoch: int = 32
-    generations_per_prompt: int = 1
-    max_new_tokens: int = 16
+    prompts_per_epoch: Annotated[int, Ge(1)] = 32
+    generations_per_prompt: Annotated[int, Ge(1)] = 1
+    max_new_tokens: Annotated[int, Ge(1)] = 16
     chat_template: bool = False
     system_prompt: str | None = None
+    # Multi-turn rollouts (`jaxcore.agents`; TRL's names): tools as "file.py:fn" / "package.module:fn", an
+    # environment class or factory as "file.py:Class" (or {name: spec}, chosen per row by its `environment`
+    # column), rounds of tool calls per episode (null: no limit but max_episode_tokens), and the tokens of one
+    # episode after its prompt (generated + tool results; each turn generates at most max_new_tokens).
+    tools: list[str] = dataclasses.field(default_factory=list)
+    environment_factory: str | dict[str, str] | None = None
+    max_tool_calling_iterations: Annotated[int, Ge(0)] | None = None
+    max_episode_tokens: Annotated[int, Ge(1)] = 256
 
 
 @dataclasses.dataclass
-class TrainConfig:
+class TrainConfig(Checked):
     """The `train:` section: the run's length, evaluation, checkpoints, logging and output directory."""
 
-    epochs: int = 10
-    seed: int = 0
+    epochs: Annotated[int, Ge(1)] = 10
+    seed: Annotated[int, Ge(0)] = 0
     out_dir: str = "runs/es"
-    eval_every: int = 5                 # held-out evaluation every N epochs; 0 = only after the last, -1 = never
-    eval_prompts: int = 64
-    eval_batch_size: int = 256
-    checkpoint_every: int = 5           # 0 = only at the end / on SIGTERM
-    max_to_keep: int = 3
-    max_bad_steps: int = 3              # consecutive NaN/Inf steps before stopping
+    eval_every: Annotated[int, Ge(-1)] = 5  # held-out evaluation every N epochs; 0 = only after the last, -1 = never
+    eval_prompts: Annotated[int, Ge(1)] = 64
+    eval_batch_size: Annotated[int, Ge(1)] = 256
+    checkpoint_every: Annotated[int, Ge(0)] = 5  # 0 = only at the end / on SIGTERM
+    max_to_keep: Annotated[int, Ge(1)] = 3
+    max_bad_steps: Annotated[int, Ge(1)] = 3  # consecutive NaN/Inf steps before stopping
     export_hf: bool = True              # write out_dir/final_hf at the end
     tensorboard: bool = True
     progress: bool = True

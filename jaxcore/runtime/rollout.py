@@ -5,7 +5,7 @@ values of every row summed over processes."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -48,14 +48,27 @@ class RowScores:
     lengths_B: np.ndarray                 # completion tokens per row
 
 
+def with_extra(scores: ScoreResult, extra: Mapping[str, np.ndarray]) -> ScoreResult:
+    """`scores` with extra reward sources (an environment's `get_reward`, weight 1, NaN where it gave none) added
+    as functions: to `per_function`, and to the combined reward (TRL's nansum)."""
+    if not extra:
+        return scores
+    added_B = np.nansum(np.stack([np.asarray(v, np.float64) for v in extra.values()]), axis=0)
+    return ScoreResult((scores.rewards_B + added_B).astype(np.float32), {**scores.per_function, **extra},
+                       scores.failures)
+
+
 def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokenizer: Any, scorer: Scorer, *,
-               combined: Callable[[ScoreResult], np.ndarray] | None = None) -> RowScores:
+               combined: Callable[[ScoreResult], np.ndarray] | None = None,
+               extra: Mapping[str, np.ndarray] | None = None) -> RowScores:
     """Each process decodes and scores the rows of `result` it owns (a row held by several processes is scored
     once, by the first); every row's values, summed over processes. `combined` turns a batch's `ScoreResult`
-    into the reward per row (default: its weighted sum)."""
+    into the reward per row (default: its weighted sum); `extra` are further reward values of every row
+    (`with_extra`: a multi-turn rollout's environment rewards)."""
     rows, tokens = owned_rows(result.tokens)
     _, lengths = owned_rows(result.lengths)
     scores = scorer.score(decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows])
+    scores = with_extra(scores, {name: np.asarray(values)[rows] for name, values in (extra or {}).items()})
     size = len(row_examples)
 
     def every_row(values: np.ndarray) -> np.ndarray:

@@ -27,11 +27,13 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from jaxcore.agents import build_agent, run_episodes
 from jaxcore.config.yaml_config import to_dict
-from jaxcore.errors import TaskConfigError, TrainingError, UserError  # noqa: F401  (re-exported)
+from jaxcore.errors import OutputError, TaskConfigError, TrainingError, UserError  # noqa: F401  (re-exported)
 from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is looked up at call time
 from jaxcore.hf.convert import save_hf
 from jaxcore.model.state import weight_moments
+from jaxcore.outputs import check_output, check_parent
 from jaxcore.parallel import sharding
 from jaxcore.parallel.meshes import maybe_initialize_distributed
 from jaxcore.parallel.rows import gather_rows
@@ -41,6 +43,7 @@ from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.config import RolloutConfig
 from jaxcore.runtime.metrics import MetricsLogger, plot_rewards, read_metrics
+from jaxcore.runtime.optim import check_learning_rate
 from jaxcore.runtime.plan_check import check_fits
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
@@ -51,11 +54,15 @@ EVAL_SEED = 0          # the held-out examples are drawn with this seed, whateve
 
 
 class StopSignal:
-    """Turns SIGTERM/SIGINT into a flag the loop checks between epochs (handlers restored on exit)."""
+    """Turns SIGTERM/SIGINT into a flag the loop checks between epochs (handlers restored on exit).
 
-    def __init__(self) -> None:
+    `on_signal` is called (from the handler, last) on the first signal: e.g. `Scorer.interrupt`, so that a hung
+    reward function cannot hold the run past its grace period."""
+
+    def __init__(self, on_signal: Callable[[], None] | None = None) -> None:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._on_signal = on_signal
 
     def __enter__(self) -> StopSignal:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -67,6 +74,8 @@ class StopSignal:
             raise KeyboardInterrupt
         self.received = signum
         log.warning("received %s: finishing this epoch, then checkpointing", signal.Signals(signum).name)
+        if self._on_signal is not None:
+            self._on_signal()
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
@@ -79,24 +88,36 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, rollout: RolloutConfig, *,
-             batch_size: int, eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None) -> dict[str, Any]:
+             batch_size: int, eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
+             agent: Any = None) -> dict[str, Any]:
     """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
 
     The rollout's pieces (`jaxcore.runtime.rollout`): prompts encoded under the rollout's limits, `sample`d
     greedily, `score_rows` (each process scores the rows it owns). With `row_sharding` (e.g. rows over a mesh
-    axis, or replicated over a multi-process mesh) the batch lives on that mesh.
+    axis, or replicated over a multi-process mesh) the batch lives on that mesh. With an `agent` (tools,
+    environments) every example is a greedy multi-turn episode (`jaxcore.agents`), its environment's reward
+    and turn/tool statistics logged too.
     """
     rewards: list[np.ndarray] = []
-    per_function: dict[str, list[np.ndarray]] = {name: [] for name in scorer.reward_fns}
+    extra_names = agent.reward_names if agent is not None else []
+    per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *extra_names]}
+    episode_metrics: list[dict[str, float]] = []
     samples: list[dict[str, str]] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         count = len(chunk)
         rows = chunk + chunk[-1:] * (-count % _row_shards(row_sharding))   # a multiple of the row shards
-        ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
-        result = sample(model, ids, mask, rollout, key=None, eos_token_ids=eos_token_ids,
-                        pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
-        scores = score_rows(result, rows, tokenizer, scorer)
+        if agent is None:
+            ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
+            result = sample(model, ids, mask, rollout, key=None, eos_token_ids=eos_token_ids,
+                            pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
+            scores = score_rows(result, rows, tokenizer, scorer)
+        else:
+            episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=None, eos_token_ids=eos_token_ids,
+                                    pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
+            result = episodes.result
+            scores = score_rows(result, rows, tokenizer, scorer, extra=episodes.env_rewards)
+            episode_metrics.append(episodes.metrics())
         rewards.append(scores.rewards_B[:count])
         for name, values in scores.per_function.items():
             per_function[name].append(values[:count])
@@ -107,8 +128,10 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
             samples.extend({"prompt": e.prompt, "completion": t} for e, t in zip(chunk, texts))
     rewards_B = np.concatenate(rewards).astype(np.float32) if rewards else np.zeros(0, np.float32)
     means = function_means({name: np.concatenate(v) if v else np.zeros(0) for name, v in per_function.items()})
+    episodes = {f"eval/{k}": float(np.mean([m[k] for m in episode_metrics])) for k in
+                (episode_metrics[0] if episode_metrics else ()) if k.startswith(("tools/", "episodes/"))}
     return {"eval/reward": float(rewards_B.mean()), **{f"eval/rewards/{name}/mean": m for name, m in means.items()},
-            "eval/samples": samples}
+            **episodes, "eval/samples": samples}
 
 
 def _row_shards(row_sharding: Any) -> int:
@@ -119,11 +142,12 @@ def _row_shards(row_sharding: Any) -> int:
     return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
 
 
-def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None) -> Any:
+def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None,
+              timeout_s: float | None = None) -> Any:
     """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
 
     `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
-    task's rewards.
+    task's rewards; their probe calls are limited to `timeout_s` (default: `rewards.timeout_s`'s default).
     """
     options = dict(section.options)
     if functions and section.name == "file":
@@ -136,7 +160,9 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
         if isinstance(err, (TaskConfigError, TaskError)):
             raise
         raise TaskConfigError(str(err)) from err
-    return task_with_rewards(task, functions, weights) if functions else task
+    if not functions:
+        return task
+    return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)))
 
 
 class Runner:
@@ -189,7 +215,7 @@ class Runner:
         model = self.algorithm.eval_model()
         return evaluate(model, self.tokenizer, self.eval_examples, scorer, self.cfg.rollout,
                         batch_size=t.eval_batch_size, eos_token_ids=self.eos_token_ids,
-                        row_sharding=self.algorithm.eval_sharding)
+                        row_sharding=self.algorithm.eval_sharding, agent=getattr(self.algorithm, "agent", None))
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""
@@ -201,6 +227,14 @@ class Runner:
         except BaseException:
             self._close_quietly()           # pending saves finish, so the last good checkpoint is committed
             raise
+
+    def _last_good(self) -> str:
+        """Where the last good checkpoint is, named only if one was written (pending saves are waited for)."""
+        self.checkpointer.wait()
+        step = self.checkpointer.latest_step()
+        if step is None:
+            return f"no checkpoint was written to {self.checkpointer.directory}"
+        return f"last good checkpoint: {self.checkpointer.directory / str(step)}"
 
     def _close_quietly(self) -> None:
         try:
@@ -217,7 +251,7 @@ class Runner:
         bad_steps = 0
         bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
-        with self._scorer() as scorer, StopSignal() as stop:
+        with self._scorer() as scorer, StopSignal(on_signal=scorer.interrupt) as stop:
             if start == 0 and t.eval_every > 0:
                 first = self._evaluate(scorer)
                 logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
@@ -235,7 +269,7 @@ class Runner:
                         logger.log(epoch + 1, metrics)
                         logger.close()
                         raise TrainingError(f"{bad_steps} consecutive bad steps ({result.reason}); stopped at epoch "
-                                            f"{epoch}, last good checkpoint in {self.checkpointer.directory}")
+                                            f"{epoch}; {self._last_good()}")
                 else:
                     bad_steps = 0
                 last = epoch == t.epochs - 1
@@ -302,7 +336,8 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
 
 def run_training(cfg: Any, algorithm: type[Algorithm],
                  resume: bool = False, allow_changes: bool = False, *, build_task: Callable[[], Any] | None = None,
-                 model: Any = None, tokenizer_dir: str | None = None) -> dict[str, Any]:
+                 model: Any = None, tokenizer_dir: str | None = None, tools: Sequence[Any] = (),
+                 environment_factory: Any = None) -> dict[str, Any]:
     """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
     eos_token_ids=...)`, run the `Runner`, and export `algorithm.export_model()` to out_dir/final_hf on
     process 0 (when `train.export_hf`).
@@ -310,27 +345,49 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
     The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
     the task and loading a model; it is held through the export and released on every exit.
     `build_task` (called under the lock; default: the config's task) and an already loaded `model` (with
-    `tokenizer_dir`) come from the Python API (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore
-    grpo`; bad input (no model path, no tokenizer, an algorithm setting the algorithm rejects with
-    ValueError) is a one-line `UserError`.
+    `tokenizer_dir`), and `tools` / `environment_factory` (added to `rollout.tools` / replacing
+    `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`) come from the Python API
+    (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an
+    algorithm setting the algorithm rejects with ValueError) is a one-line `UserError`.
     """
+    check_run_outputs(cfg, resume)                # before the lock creates out_dir: one line, nothing written
     d = cfg.distributed
     if d.coordinator:                           # first: the lock's name depends on the process index
         maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
     lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
     with OutDirLock(cfg.train.out_dir, lock_name):
         return _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
-                                  tokenizer_dir=tokenizer_dir)
+                                  tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory)
+
+
+def check_run_outputs(cfg: Any, resume: bool) -> None:
+    """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
+    (or can be made one) that can be written; out_dir/final_hf (with `train.export_hf`) is not a link or a file,
+    is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
+    optimiser's learning rate is finite at every step (`check_learning_rate`)."""
+    out = Path(cfg.train.out_dir)
+    if out.is_symlink() and not out.is_dir():
+        raise OutputError(f"train.out_dir {out} is a symbolic link to nothing (or to a file)")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"train.out_dir {out} exists and is not a directory")
+    check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
+    if cfg.train.export_hf:
+        if not resume:
+            refuse_fresh_run_over_checkpoints(out)        # the earlier run's checkpoints: the clearer refusal
+        check_output(out / "final_hf", inputs=(cfg.model.path or None,), overwrite=resume, name="final_hf",
+                     overwrite_hint="continue that run with --resume")
+    check_learning_rate(cfg.optimizer, cfg.train.epochs)
 
 
 def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
-                       tokenizer_dir: str | None) -> dict[str, Any]:
+                       tokenizer_dir: str | None, tools: Sequence[Any] = (),
+                       environment_factory: Any = None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
     if not resume:
         refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
     task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
-                                                                    cfg.rewards.weights)
+                                                                    cfg.rewards.weights, cfg.rewards.timeout_s)
     reason = check_fits(cfg, algorithm_type, model.config if model is not None else None)   # config.json only
     if reason:
         raise UserError(reason)
@@ -346,16 +403,22 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
     tokenizer = tokenization.load_tokenizer(tok_dir)
     eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
     base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
+    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory)
     try:
-        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos)
+        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos, **({"agent": agent} if agent else {}))
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
-        resume=resume, allow_changes=allow_changes)
+    try:
+        summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
+            resume=resume, allow_changes=allow_changes)
+    finally:
+        if agent is not None:
+            agent.close()                       # the tools' worker processes
     if cfg.train.export_hf and summary["stopped_by"] is None:
         final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
         if jax.process_index() == 0:
-            summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir))
+            summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir,
+                                              inputs=(cfg.model.path or None,)))
             summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
     return summary

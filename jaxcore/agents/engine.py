@@ -1,0 +1,417 @@
+"""The multi-turn rollout both trainers share, with TRL's semantics (`GRPOTrainer._tool_call_loop`).
+
+Every row is one episode with its own environment instance (if any). All rows generate a turn together; a turn
+that calls tools gets their results appended as `tool` messages (the chat template's rendering of them, and the
+next assistant header: the token ids TRL's `_get_tool_suffix_ids` gives) and generates again, up to
+`max_tool_calling_iterations` rounds of calls; a row whose episode is over waits (it emits EOS at once) while the
+others go on. The batch keeps its rows in place, so an ES population's member blocks stay intact.
+
+Each row's KV cache is kept across turns (`reuse_cache`): the appended tokens (a turn's last uncached token, the
+tool results) are written after the cache's filled slots with per-row positions, and the slots a waiting row or a
+shorter chunk leaves are marked invalid, so nothing is prefilled twice. When the cache runs out of slots it is
+rebuilt by one prefill of every row's whole sequence. With `reuse_cache=False` every turn re-prefills the whole
+conversation instead (the simple way, kept for the measurement in docs/examples.md).
+
+The completion of an episode is everything after the prompt: the generated tokens (`model_mask` 1) and the tokens
+the model did not generate (tool results, headers: `model_mask` 0, TRL's `tool_mask`, out of GRPO's loss and
+log-probs). `rollout.max_episode_tokens` bounds the completion: a turn is cut there, and tool results that would
+pass it are dropped and end the episode (TRL's rollback), counted as `episodes/hit_token_limit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcore.agents.calls import CallRunner, call_in_thread
+from jaxcore.agents.environments import Environments, public_methods, reset_kwargs, resolve_factories
+from jaxcore.agents.tools import (
+    CALL_OPEN,
+    Tool,
+    describe_tools,
+    load_tools,
+    parse_tool_calls,
+    tool_name,
+    tool_schema,
+)
+from jaxcore.errors import PromptLengthError, TaskError
+from jaxcore.hf.tokenization import PromptLimit, limit_prompts
+from jaxcore.inference.generate import (
+        GenerationResult,
+    _cast_floating,
+    _decode,
+    _prefill,
+    bucket_length,
+)
+from jaxcore.inference.sampling import SamplingConfig
+from jaxcore.model.transformer import KVCache
+from jaxcore.parallel.rows import gather_rows
+from jaxcore.rewards.types import Example
+from jaxcore.rewards.user_functions import is_conversation
+
+log = logging.getLogger(__name__)
+CHUNK_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)
+# sequence widths: finer than generate's powers of two, since tool descriptions make every prompt long
+SEQUENCE_BUCKETS = (16, 32, 64, *range(128, 1024, 64), *range(1024, 8193, 256))
+
+
+class Agent:
+    """The tools and environments of a run, and the limits of an episode (`rollout.max_tool_calling_iterations`,
+    `rollout.max_episode_tokens`); tool calls get `timeout_s` and, with `num_workers > 0`, worker processes."""
+
+    def __init__(self, tools: Sequence[Tool] = (), environments: Environments | None = None, *,
+                 max_iterations: int | None = None, max_episode_tokens: int = 256, timeout_s: float = 30.0,
+                 num_workers: int = 0):
+        if not tools and environments is None:
+            raise TaskError("a multi-turn rollout needs tools or an environment_factory")
+        if max_iterations is not None and max_iterations < 0:
+            raise TaskError(f"rollout.max_tool_calling_iterations must be >= 0 or null, got {max_iterations}")
+        self.tools, self.environments = list(tools), environments
+        self.max_iterations, self.max_episode_tokens = max_iterations, max_episode_tokens
+        self.timeout_s = timeout_s
+        self.runner = CallRunner(self.tools, timeout_s, num_workers)
+        self._native: dict[int, bool] = {}
+
+    def close(self) -> None:
+        self.runner.close()
+
+    @property
+    def reward_names(self) -> list[str]:
+        """The extra reward sources: the environment classes that define `get_reward`."""
+        return list(self.environments.reward_classes) if self.environments is not None else []
+
+    # -- prompts ---------------------------------------------------------------------------------------
+
+    def schemas(self, instance: Any) -> list[dict[str, Any]]:
+        """The JSON schemas of the tools a row may call (the standalone ones, then its environment's)."""
+        methods = public_methods(instance) if instance is not None else []
+        return [tool_schema(t.fn) for t in self.tools] + [tool_schema(m) for m in methods]
+
+    def native_format(self, tokenizer: Any, schemas: list[dict[str, Any]]) -> bool:
+        """Whether the chat template renders tools in the `<tool_call>` format itself."""
+        if id(tokenizer) not in self._native:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=schemas[:1],
+                                                 tokenize=False, add_generation_prompt=True)
+            self._native[id(tokenizer)] = CALL_OPEN in text
+        return self._native[id(tokenizer)]
+
+    def prompt_text(self, tokenizer: Any, example: Example, observation: Any, instance: Any,
+                    system: str | None) -> str:
+        """The row's prompt through the chat template: the environment's reset text appended to the last user
+        message (as TRL does), the tools described natively or in the system prompt."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise TaskError("tools and environments need a tokenizer with a chat_template (tool messages are turns)")
+        messages = [dict(m) for m in example.prompt] if is_conversation(example.prompt) else \
+            [{"role": "user", "content": str(example.prompt)}]
+        if isinstance(observation, str):
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + observation}
+        schemas = self.schemas(instance)
+        native = bool(schemas) and self.native_format(tokenizer, schemas)
+        if schemas and not native:
+            system = describe_tools(schemas) if not system else f"{system}\n\n{describe_tools(schemas)}"
+        if system and messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": system}, *messages]
+        return tokenizer.apply_chat_template(messages, tools=schemas if native else None, tokenize=False,
+                                             add_generation_prompt=True)
+
+    @staticmethod
+    def suffix_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+        """The token ids that follow an assistant turn's EOS when `messages` (tool results) answer it, up to the
+        next assistant header: TRL's `_get_tool_suffix_ids` (a dummy conversation rendered with and without them,
+        the prefix cut after its last EOS)."""
+        dummy = [{"role": "user", "content": "dummy"},
+                 {"role": "assistant", "content": "",
+                  "tool_calls": [{"type": "function", "function": {"name": messages[0]["name"], "arguments": {}}}]}]
+        prefix = tokenizer.apply_chat_template(dummy, tokenize=True, add_generation_prompt=False, return_dict=False)
+        full = tokenizer.apply_chat_template(dummy + messages, tokenize=True, add_generation_prompt=True,
+                                             return_dict=False)
+        eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+        if eos:
+            prefix = prefix[:eos[-1] + 1]
+        if list(full[:len(prefix)]) != list(prefix):
+            raise TaskError("the chat template is not prefix-preserving: tool results cannot be appended to a turn")
+        return list(full[len(prefix):])
+
+    def tools_of(self, instance: Any) -> dict[str, Any]:
+        """The tools a row may call, by name: the standalone ones and its environment's methods."""
+        out: dict[str, Any] = {t.name: t for t in self.tools}
+        if instance is not None:
+            out.update({tool_name(m): m for m in public_methods(instance)})
+        return out
+
+
+def build_agent(rollout: Any, rewards: Any, *, tools: Sequence[Any] = (), environment_factory: Any = None,
+                root: str | None = None) -> Agent | None:
+    """The run's `Agent` from the rollout section (`tools`, `environment_factory` specs) and the Python API's
+    `tools=` / `environment_factory=`; None for a single-turn run (nothing configured)."""
+    specs = [*rollout.tools, *tools]
+    factory = environment_factory if environment_factory is not None else rollout.environment_factory
+    if not specs and factory is None:
+        return None
+    environments = Environments(resolve_factories(factory, root)) if factory is not None else None
+    if rollout.max_episode_tokens < rollout.max_new_tokens:
+        raise TaskError(f"rollout.max_episode_tokens={rollout.max_episode_tokens} is below rollout.max_new_tokens="
+                        f"{rollout.max_new_tokens}: one turn would not fit an episode")
+    return Agent(load_tools(specs, root), environments, max_iterations=rollout.max_tool_calling_iterations,
+                 max_episode_tokens=rollout.max_episode_tokens, timeout_s=rewards.timeout_s,
+                 num_workers=rewards.num_workers)
+
+
+# ----------------------------------------------------------------------------------------------- episodes
+
+
+@dataclasses.dataclass
+class Episodes:
+    """A batch of finished episodes (host arrays but `result`, which is placed like a `generate` result)."""
+
+    prompt_ids_BT: np.ndarray
+    prompt_mask_BT: np.ndarray
+    result: GenerationResult          # completion tokens [B, E] (model + tool tokens), logprobs (0 off the model's)
+    model_mask_BE: np.ndarray         # 1 where the model generated the token (TRL's tool_mask)
+    env_rewards: dict[str, np.ndarray]   # get_reward per environment class, NaN for other rows and failures
+    env_reward_failures: dict[str, int]
+    tool_calls_B: np.ndarray
+    tool_failures_B: np.ndarray
+    turns_B: np.ndarray
+    hit_limit_B: np.ndarray           # bool: the episode was cut by max_episode_tokens
+    prompts_truncated: int = 0
+    instances: list[Any] = dataclasses.field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        """Turn/tool/length statistics (TRL's tools/call_frequency and tools/failure_frequency among them)."""
+        lengths = np.asarray(gather_rows(self.result.lengths))
+        model = self.model_mask_BE.sum(1)
+        calls = int(self.tool_calls_B.sum())
+        return {"tools/call_frequency": float(self.tool_calls_B.mean()),
+                "tools/failure_frequency": float(self.tool_failures_B.sum() / calls) if calls else 0.0,
+                "tools/failures": int(self.tool_failures_B.sum()),
+                "episodes/turns_mean": float(self.turns_B.mean()), "episodes/turns_max": int(self.turns_B.max()),
+                "episodes/length_mean": float(lengths.mean()), "episodes/length_max": int(lengths.max()),
+                "episodes/model_tokens_mean": float(model.mean()),
+                "episodes/external_tokens_mean": float((lengths - model).mean()),
+                "episodes/hit_token_limit": int(self.hit_limit_B.sum()),
+                **{f"rewards/{k}/failures": v for k, v in self.env_reward_failures.items()}}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def _extend(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, ids_BS: jax.Array, positions_BS: jax.Array,
+            valid_BS: jax.Array, index: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Write a chunk of appended tokens after the cache's filled slots; the logits after each row's last one."""
+    model = nnx.merge(graphdef, state)
+    logits_B1V, cache = model.forward_cached(ids_BS, positions_BS, valid_BS, cache, index, last_only=True)
+    return logits_B1V[:, 0], cache
+
+
+def _left_pad(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.full((len(rows), width), pad, np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for i, row in enumerate(rows):
+        if len(row):
+            ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    return ids, mask
+
+
+class _Placer:
+    """Puts host arrays where the rows live (`row_sharding`) or on the default device."""
+
+    def __init__(self, row_sharding: Any):
+        self.sharding = row_sharding
+
+    def __call__(self, x: np.ndarray) -> jax.Array:
+        if self.sharding is None:
+            return jnp.asarray(x)
+        return jax.make_array_from_callback(x.shape, self.sharding, lambda index: x[index])
+
+
+def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Example], rollout: Any, *,
+                 key: jax.Array | None, eos_token_ids: Sequence[int], pad_token_id: int, row_sharding: Any = None,
+                 reuse_cache: bool = True) -> Episodes:
+    """Roll out one episode per row of `examples` (rows already repeated per generation / member); with `key`
+    None greedily. `rollout` gives the sampling settings, `max_new_tokens` (per turn), the prompt limits and
+    `system_prompt`."""
+    b, per_turn, budget = len(examples), rollout.max_new_tokens, agent.max_episode_tokens
+    envs = agent.environments
+    instances = envs.instances(examples) if envs is not None else [None] * b
+    observations = [inst.reset(**reset_kwargs(e, envs.named)) if inst is not None else None
+                    for inst, e in zip(instances, examples)]
+    texts = [agent.prompt_text(tokenizer, e, obs, inst, rollout.system_prompt)
+             for e, obs, inst in zip(examples, observations, instances)]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    limit = PromptLimit(model.config.max_position_embeddings, rollout.max_prompt_length, rollout.truncate_prompts)
+    if budget >= limit.max_positions:
+        raise PromptLengthError(f"rollout.max_episode_tokens {budget} leaves no room for a prompt in the model's "
+                                f"{limit.max_positions} positions")
+    ids_BT, mask_BT = _left_pad(encoded, bucket_length(max(len(x) for x in encoded), SEQUENCE_BUCKETS), pad_token_id)
+    ids_BT, mask_BT, truncated = limit_prompts(ids_BT, mask_BT, limit, budget)
+    prompts = [row[m.astype(bool)].tolist() for row, m in zip(ids_BT, mask_BT)]
+
+    sampling = (SamplingConfig(0.0) if key is None else
+                SamplingConfig(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p))
+    key = key if key is not None else jax.random.key(0)
+    eos = tuple(int(e) for e in eos_token_ids)
+    place = _Placer(row_sharding)
+    graphdef, state = nnx.split(model)
+    if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
+        state = _cast_floating(state, model.dtype)
+
+    completion: list[list[int]] = [[] for _ in range(b)]
+    from_model: list[list[int]] = [[] for _ in range(b)]
+    logprobs: list[list[float]] = [[] for _ in range(b)]
+    active = np.ones(b, bool)
+    ended_with_eos = np.zeros(b, bool)
+    calls_B, failures_B, turns_B = (np.zeros(b, np.int64) for _ in range(3))
+    rounds_B, hit_limit_B, abandoned = np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool)
+    forced_eos_V = np.full(model.config.vocab_size, -1e9, np.float32)
+    forced_eos_V[eos[0] if eos else pad_token_id] = 0.0
+
+    def prefill_all(extra_slots: int) -> tuple[jax.Array, KVCache, int]:
+        """One prefill of every row's whole sequence so far; returns logits, a cache with `extra_slots` free
+        slots after it, and the first free slot."""
+        width = bucket_length(max(len(p) + len(c) for p, c in zip(prompts, completion)), SEQUENCE_BUCKETS)
+        ids, mask = _left_pad([p + c for p, c in zip(prompts, completion)], width, pad_token_id)
+        logits, cache = _prefill(graphdef, state, place(ids), place(mask), cache_length=width + extra_slots)
+        return logits, cache, width
+
+    # a cache sized for the prompt and the whole episode, plus one turn of slots that waiting rows leave empty
+    logits_BV, cache, index = prefill_all(budget + per_turn if reuse_cache else per_turn)
+    for turn in range(budget):          # every turn adds a token to some row: the budget bounds the turns
+        logits_BV = jnp.where(place(active[:, None]), logits_BV, forced_eos_V)     # waiting rows: EOS at once
+        positions_B = np.array([len(p) + len(c) for p, c in zip(prompts, completion)], np.int32)
+        result, cache = _decode(graphdef, state, cache, logits_BV, place(positions_B), jnp.int32(index),
+                                jax.random.fold_in(key, turn), max_new_tokens=per_turn, sampling=sampling,
+                                eos_ids=eos, pad_id=int(pad_token_id))
+        tokens_BN, logp_BN = gather_rows(result.tokens), gather_rows(result.logprobs)
+        lengths_B, finished_B = gather_rows(result.lengths), gather_rows(result.finished)
+        steps = min(int(lengths_B.max()), per_turn - 1)        # decode steps run = slots written
+        index += steps
+        pending: dict[int, list[Any]] = {}
+        tails: dict[int, list[int]] = {}
+        for r in np.flatnonzero(active):
+            n = int(lengths_B[r])
+            keep = min(n, budget - len(completion[r]))
+            generated = tokens_BN[r, :keep].tolist()
+            completion[r] += generated
+            from_model[r] += [1] * keep
+            logprobs[r] += logp_BN[r, :keep].tolist()
+            turns_B[r] += 1
+            tails[r] = generated[min(n, steps):]                 # generated but not yet in the cache
+            if keep < n or not finished_B[r]:
+                active[r], hit_limit_B[r] = False, keep < n
+                continue
+            ended_with_eos[r] = True
+            text = tokenizer.decode(generated[:-1], skip_special_tokens=False)
+            calls = parse_tool_calls(text)
+            if not calls or (agent.max_iterations is not None and rounds_B[r] >= agent.max_iterations):
+                active[r] = False
+                continue
+            pending[int(r)] = calls
+        feeds = _run_calls(agent, tokenizer, pending, instances, completion, budget, calls_B, failures_B,
+                           hit_limit_B, active, abandoned)
+        for r, suffix in feeds.items():
+            completion[r] += suffix
+            from_model[r] += [0] * len(suffix)
+            logprobs[r] += [0.0] * len(suffix)
+            rounds_B[r] += 1
+            ended_with_eos[r] = False
+        if not feeds:
+            break
+        chunks = {r: tails[r] + suffix for r, suffix in feeds.items()}
+        width = bucket_length(max(len(c) for c in chunks.values()), CHUNK_BUCKETS)
+        if not reuse_cache or index + width + per_turn > cache.length:
+            if reuse_cache:
+                log.debug("multi-turn KV cache full after turn %d: prefilling every row's sequence again", turn)
+            logits_BV, cache, index = prefill_all(budget + per_turn if reuse_cache else per_turn)
+            continue
+        ids_BS = np.full((b, width), pad_token_id, np.int32)
+        valid_BS = np.zeros((b, width), np.int32)
+        positions_BS = np.zeros((b, width), np.int32)
+        for r, chunk in chunks.items():
+            start = len(prompts[r]) + len(completion[r]) - len(chunk)
+            ids_BS[r, width - len(chunk):] = chunk
+            valid_BS[r, width - len(chunk):] = 1
+            positions_BS[r, width - len(chunk):] = np.arange(start, start + len(chunk))
+        logits_BV, cache = _extend(graphdef, state, cache, place(ids_BS), place(positions_BS), place(valid_BS),
+                                   jnp.int32(index))
+        index += width
+
+    if hit_limit_B.any():
+        log.warning("%d of %d episodes reached rollout.max_episode_tokens=%d (a turn cut there, or tool results "
+                    "dropped); raise it or lower rollout.max_tool_calling_iterations", int(hit_limit_B.sum()), b,
+                    budget)
+    env_rewards, env_failures = _env_rewards(agent, instances, abandoned)
+    tokens_BE = np.full((b, budget), pad_token_id, np.int32)
+    logp_BE = np.zeros((b, budget), np.float32)
+    model_mask_BE = np.zeros((b, budget), np.int32)
+    for r in range(b):
+        n = len(completion[r])
+        tokens_BE[r, :n], logp_BE[r, :n], model_mask_BE[r, :n] = completion[r], logprobs[r], from_model[r]
+    lengths = np.array([len(c) for c in completion], np.int32)
+    result = GenerationResult(place(tokens_BE), place(logp_BE), place(lengths), place(ended_with_eos))
+    prompt_ids, prompt_mask = _left_pad(prompts, ids_BT.shape[1], pad_token_id)
+    return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, env_rewards, env_failures, calls_B,
+                    failures_B, turns_B, hit_limit_B, truncated, instances)
+
+
+def _run_calls(agent: Agent, tokenizer: Any, pending: dict[int, list[Any]], instances: list[Any],
+               completion: list[list[int]], budget: int, calls_B: np.ndarray, failures_B: np.ndarray,
+               hit_limit_B: np.ndarray, active: np.ndarray, abandoned: np.ndarray) -> dict[int, list[int]]:
+    """Run the turn's calls of every row at once; the token ids each continuing row gets appended. A row whose
+    results would pass the episode budget, or whose environment hung, ends here."""
+    order = [(r, call) for r, calls in pending.items() for call in calls]
+    tools = {r: agent.tools_of(instances[r]) for r in pending}
+    results = agent.runner.run([(call, tools[r]) for r, call in order])
+    by_row: dict[int, list[Any]] = {r: [] for r in pending}
+    for (r, _), res in zip(order, results):
+        by_row[r].append(res)
+        calls_B[r] += 1
+        failures_B[r] += not res.ok
+    feeds = {}
+    for r, row_results in by_row.items():
+        if any(res.hung for res in row_results) and instances[r] is not None:
+            agent.environments.pools = {k: [i for i in v if i is not instances[r]]
+                                        for k, v in agent.environments.pools.items()}    # never reused
+            active[r], abandoned[r] = False, True
+            continue
+        messages = [{"role": "tool", "name": res.name, "content": res.content} for res in row_results]
+        suffix = agent.suffix_ids(tokenizer, messages)
+        if len(completion[r]) + len(suffix) > budget:
+            active[r], hit_limit_B[r] = False, True                  # TRL: the results are dropped
+            continue
+        feeds[r] = suffix
+    return feeds
+
+
+def _env_rewards(agent: Agent, instances: list[Any], abandoned: np.ndarray
+                 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """`get_reward()` of every row's instance per environment class that defines it (NaN elsewhere; a failing or
+    hanging call, or an instance dropped after a hung tool (`abandoned`), is NaN too, counted)."""
+    rewards, failures = {}, {}
+    for name, cls in (agent.environments.reward_classes.items() if agent.environments else ()):
+        values = np.full(len(instances), np.nan)
+        failed = 0
+        for r, inst in enumerate(instances):
+            if type(inst) is not cls:
+                continue
+            if abandoned[r]:
+                failed += 1
+                continue
+            ok, value, _ = call_in_thread(inst.get_reward, {}, agent.timeout_s)
+            try:
+                values[r] = float(value) if ok else np.nan
+            except (TypeError, ValueError):
+                ok = False
+            failed += not ok or not np.isfinite(values[r])
+            if not ok or not np.isfinite(values[r]):
+                values[r] = np.nan
+                log.warning("%s.get_reward failed for row %d: %s", name, r, value)
+        rewards[name], failures[name] = values, failed
+    return rewards, failures
+

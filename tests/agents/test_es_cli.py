@@ -1,0 +1,58 @@
+"""A TRL-style tool function and environment class (`trl_tools.py`) train unchanged with `jaxcore es`, named by
+spec strings as a YAML config names them; every population member's rows get their own instances (the
+counting episode of `counting.py`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import trl_tools  # noqa: E402
+from counting import HELD_OUT, TRAIN, logged, model_factory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def path(tiny_dir) -> Path:
+    return tiny_dir("gpt2", max_pos=4096)
+
+
+@pytest.fixture(scope="module")
+def make_model(path):
+    return model_factory(path)
+
+
+def test_jaxcore_es_trains_a_trl_tool_and_environment_with_an_instance_per_member_row(make_model, path, tmp_path,
+                                                                                      capsys):
+    """Through `jaxcore es` with the tool and the environment as spec strings (`rollout.tools`,
+    `rollout.environment_factory`), the way a YAML config names them."""
+    from jaxcore.cli import main
+    from jaxcore.hf.convert import save_hf
+
+    model_dir = save_hf(make_model(), tmp_path / "scripted", tokenizer_dir=path)
+    data = {}
+    for name, rows in (("train", TRAIN), ("eval", HELD_OUT)):
+        data[name] = tmp_path / f"{name}.jsonl"
+        data[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tools = Path(trl_tools.__file__)
+    out = tmp_path / "es"
+    code = main(["es", f"model.path={model_dir}", "task.name=file", f"task.options.path={data['train']}",
+                 f"task.options.eval_path={data['eval']}", f"rewards.functions=[{tools}:said_done]",
+                 f"rollout.tools=[{tools}:add]", f"rollout.environment_factory={tools}:IncrementEnv",
+                 "rollout.prompts_per_epoch=2", "rollout.max_new_tokens=72", "rollout.max_episode_tokens=128",
+                 "es.population=8", "train.epochs=2", "train.eval_every=2", "train.eval_prompts=2",
+                 f"train.out_dir={out}", "train.tensorboard=false", "train.progress=false", "train.export_hf=false"])
+    assert code == 0, capsys.readouterr().err
+    rows = logged(out)
+    epochs = [r for r in rows if "reward" in r]
+    assert len(epochs) == 2
+    for r in epochs:
+        assert r["tools/call_frequency"] == 1.0 and r["tools/failures"] == 0 and r["episodes/turns_mean"] == 2.0
+        assert r["rewards/said_done/mean"] == 1.0
+        # 16 episodes (8 members x 2 prompts), each with its own counter: a step of 2 or 4 each, never summed
+        assert 2.0 <= r["rewards/IncrementEnv/mean"] <= 4.0
+    assert rows[0]["eval/episodes/turns_mean"] == 2.0 and "eval/rewards/IncrementEnv/mean" in rows[0]

@@ -1,0 +1,77 @@
+"""Tools and an environment written as TRL's docs write them (type hints, Google-style docstrings, `reset`,
+tool methods, `get_reward`), used unchanged by the agent tests; plus tools that fail in each way a tool can."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The sum of a and b.
+    """
+    return a + b
+
+
+def crash(x: int) -> int:
+    """A tool that raises.
+
+    Args:
+        x: Any integer.
+    """
+    raise RuntimeError(f"tool broke on {x}")
+
+
+def hang(x: int) -> int:
+    """A tool that never returns.
+
+    Args:
+        x: Any integer.
+    """
+    time.sleep(3600)
+    return x
+
+
+def die(x: int) -> int:
+    """A tool that kills its process.
+
+    Args:
+        x: Any integer.
+    """
+    os._exit(3)
+
+
+class IncrementEnv:
+    """TRL's documentation example: a counter the model increments."""
+
+    def reset(self, **kwargs) -> str | None:
+        self.counter = 0
+        return " The counter starts at 0."
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+
+        Returns:
+            The updated counter value.
+        """
+        self.counter += step
+        return self.counter
+
+    def get_reward(self) -> float:
+        return float(self.counter)
+
+
+def said_done(completions, **kwargs):
+    """A TRL reward function: 1 when the episode ends saying done."""
+    return [1.0 if str(c).rstrip().endswith("done") else 0.0 for c in completions]
