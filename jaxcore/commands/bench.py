@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"all or a comma list of {', '.join(SUITES)} (default: {','.join(DEFAULT_SUITES)}; "
                              "trl and qiu train with the peer's own code for minutes)")
     parser.add_argument("--json", dest="json_path", help="write the results here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --json file")
     parser.add_argument("--preset", default="bench",
                         help="bench model preset: tiny, bench (CPU), smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, "
                              "llama3-8b, gemma3-270m (random weights), smollm2-135m-instruct (models/ if installed)")
@@ -43,15 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib
     import json
-    from pathlib import Path
 
     from jaxcore.bench import BenchOptions, device_info
     from jaxcore.errors import UserError
+    from jaxcore.outputs import check_output, write_text
 
     suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise UserError(f"unknown suite(s) {', '.join(map(repr, unknown))}; choose from all, {', '.join(SUITES)}")
+    if args.json_path:       # refused before any suite runs; then rewritten (atomically) after each suite
+        check_output(args.json_path, kind="file", overwrite=args.overwrite, name="--json")
     import jax
 
     dtype = args.dtype or default_dtype(jax.default_backend())
@@ -65,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
     def write() -> None:
         results["device"] = device_info()              # load average and torch threads as of this suite
         if args.json_path:
-            Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
+            write_text(args.json_path, json.dumps(results, indent=2) + "\n", overwrite=True, name="--json")
 
     if any(s in suites for s in ("generate", "es", "grpo")):
         from jaxcore.bench.roofline import forget_entries, peaks_for
