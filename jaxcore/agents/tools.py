@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxcore.errors import TaskError
 from jaxcore.rewards.types import Example
-from jaxcore.rewards.user_functions import import_function
+from jaxcore.rewards.user_functions import ImportedBySpec, import_function
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_RE = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
@@ -96,7 +96,7 @@ def error_result(message: str) -> str:
     return str({"error": message})
 
 
-class Tool:
+class Tool(ImportedBySpec):
     """A standalone tool as a picklable job for the reward worker pool (`rewards.workers`): imported again by
     its spec in a worker, or pickled by reference. Called as a `RewardFn`: `tool(calls, examples)` takes a list
     of argument dicts and returns their results as strings."""
@@ -104,18 +104,6 @@ class Tool:
     def __init__(self, fn: Callable[..., Any], spec: str | None = None, root: str | None = None):
         self.name, self.spec, self._fn = tool_name(fn), spec, fn
         self.root = root if root is not None else os.getcwd()
-
-    @property
-    def fn(self) -> Callable[..., Any]:
-        if self._fn is None:
-            self._fn = import_function(self.spec, self.root)
-        return self._fn
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        if self.spec:
-            state["_fn"] = None                                     # imported again by spec
-        return state
 
     def __call__(self, calls: Sequence[dict[str, Any]], examples: Sequence[Example] = ()) -> list[str]:
         return [str(self.fn(**arguments)) for arguments in calls]

@@ -147,19 +147,14 @@ def check_signature(name: str, fn: Callable[..., Any], columns: Sequence[str]) -
             f"**columns) with columns {sorted(columns)}: {err} (give it **kwargs, as TRL requires)") from None
 
 
-class TRLReward:
-    """A TRL-signature function as a picklable `RewardFn` (imported by spec, or pickled by reference).
+class ImportedBySpec:
+    """A user callable given by import spec ("file.py:fn", "pkg.mod:fn") or as a function: imported lazily from
+    `root` (the directory the spec was resolved against) and pickled by its spec, so a worker process imports
+    it again rather than unpickling a closure. Reward functions and tools are both this."""
 
-    `columns` are the task-wide column names: each is passed on every call, None for the rows that lack
-    it, even when no row of a chunk has it (as a `datasets.Dataset` would)."""
-
-    def __init__(self, name: str, spec: str | None = None, fn: Callable[..., Any] | None = None,
-                 columns: Sequence[str] = (), root: str | None = None):
-        if (spec is None) == (fn is None):
-            raise ValueError("give exactly one of spec or fn")
-        self.name, self.spec, self._fn = name, spec, fn
-        self.columns = tuple(c for c in columns if c not in TRL_KEYWORDS)
-        self.root = root if root is not None else os.getcwd()       # where the spec was resolved
+    spec: str | None
+    root: str
+    _fn: Callable[..., Any] | None
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -172,6 +167,21 @@ class TRLReward:
         if self.spec:
             state["_fn"] = None                                     # imported again by spec
         return state
+
+
+class TRLReward(ImportedBySpec):
+    """A TRL-signature function as a picklable `RewardFn` (imported by spec, or pickled by reference).
+
+    `columns` are the task-wide column names: each is passed on every call, None for the rows that lack
+    it, even when no row of a chunk has it (as a `datasets.Dataset` would)."""
+
+    def __init__(self, name: str, spec: str | None = None, fn: Callable[..., Any] | None = None,
+                 columns: Sequence[str] = (), root: str | None = None):
+        if (spec is None) == (fn is None):
+            raise ValueError("give exactly one of spec or fn")
+        self.name, self.spec, self._fn = name, spec, fn
+        self.columns = tuple(c for c in columns if c not in TRL_KEYWORDS)
+        self.root = root if root is not None else os.getcwd()       # where the spec was resolved
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float | None]:
         prompts = [e.prompt for e in examples]
