@@ -6,8 +6,10 @@ that cannot go on, never a bug. The modules that raise them re-export them under
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 class UserError(Exception):
@@ -97,6 +99,21 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r})") from err
+
+
+def read_json_object(path: str | os.PathLike, what: str = "file",
+                     error: type[Exception] = CheckpointError) -> dict[str, Any]:
+    """A user's JSON file that must hold one object (config.json, jaxcore.json, tokenizer.json), or `error` with
+    one line naming the file and the problem (missing, unreadable, not UTF-8, invalid JSON, not an object)."""
+    try:
+        data = json.loads(read_text(path, what))
+    except UserError as err:
+        raise error(str(err)) from err
+    except json.JSONDecodeError as err:
+        raise error(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from err
+    if not isinstance(data, dict):
+        raise error(f"{path}: must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def check_text(value: str, where: str) -> str:

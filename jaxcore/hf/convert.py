@@ -30,7 +30,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from jaxcore.errors import CheckpointError, UserError, read_text  # noqa: F401  (CheckpointError: re-exported)
+from jaxcore.errors import CheckpointError, read_json_object  # noqa: F401  (CheckpointError: re-exported)
 from jaxcore.hf.mapping import (  # noqa: F401  (TensorMap, tensor_maps, hf_to_params: re-exported)
     Index,
     ParamSource,
@@ -74,12 +74,7 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
 def read_json_config(config_path: str | os.PathLike) -> dict[str, Any]:
     """A config.json file (UTF-8 JSON, an object whose keys have the types jaxcore reads), or CheckpointError
     naming the file and the problem."""
-    try:
-        hf = json.loads(read_text(config_path, "config.json"))
-    except UserError as err:
-        raise CheckpointError(str(err)) from err
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_path}: invalid JSON ({err.msg} at line {err.lineno})") from err
+    hf = read_json_object(config_path, "config.json")
     try:
         return check_hf_config(hf, str(config_path))
     except ConfigError as err:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxcore.errors import UserError, read_text
+from jaxcore.errors import read_json_object
 from jaxcore.hf.convert import (
     CheckpointError,
     Shardings,
@@ -71,14 +71,7 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     meta_path = Path(path) / "jaxcore.json"
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: not a jaxcore checkpoint (no jaxcore.json)")
-    try:
-        meta = json.loads(read_text(meta_path, "jaxcore.json"))
-    except UserError as err:
-        raise CheckpointError(str(err)) from err
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{meta_path}: invalid JSON ({err.msg})") from err
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{meta_path}: must be a JSON object, got {type(meta).__name__}")
+    meta = read_json_object(meta_path, "jaxcore.json")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     try:

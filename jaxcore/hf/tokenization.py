@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.errors import PromptLengthError, UserError, read_text  # noqa: F401  (PromptLengthError: re-exported)
+from jaxcore.errors import PromptLengthError, read_json_object  # noqa: F401  (PromptLengthError: re-exported)
 from jaxcore.hf.convert import CheckpointError
 from jaxcore.rewards.user_functions import Completion, is_conversation
 
@@ -80,14 +79,7 @@ def _check_json_object(file: Path) -> None:
     """A tokenizer JSON file, when present, is UTF-8 text holding one JSON object (else CheckpointError naming it)."""
     if not file.is_file():
         return
-    try:
-        data = json.loads(read_text(file))
-    except UserError as err:
-        raise CheckpointError(str(err)) from err
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{file}: invalid JSON ({err.msg} at line {err.lineno})") from err
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file}: must be a JSON object, got {type(data).__name__}")
+    read_json_object(file)
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

@@ -8,22 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 import trl_tools  # noqa: E402
-from counting import HELD_OUT, TRAIN, logged, model_factory  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def path(tiny_dir) -> Path:
-    return tiny_dir("gpt2", max_pos=4096)
-
-
-@pytest.fixture(scope="module")
-def make_model(path):
-    return model_factory(path)
+from counting import HELD_OUT, TRAIN, logged  # noqa: E402
 
 
 def test_jaxcore_es_trains_a_trl_tool_and_environment_with_an_instance_per_member_row(make_model, path, tmp_path,

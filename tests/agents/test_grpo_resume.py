@@ -9,24 +9,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import trl_tools  # noqa: E402
-from counting import HELD_OUT, TRAIN, logged, model_factory  # noqa: E402
+from counting import HELD_OUT, TRAIN, logged  # noqa: E402
 
 from jaxcore import GRPOConfig, GRPOTrainer  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def path(tiny_dir) -> Path:
-    return tiny_dir("gpt2", max_pos=4096)
-
-
-@pytest.fixture(scope="module")
-def make_model(path):
-    return model_factory(path)
 
 
 def configure(args, out: Path, epochs: int = 2):
