@@ -8,7 +8,8 @@
 `model` is a path (HF directory or jaxcore checkpoint) or a loaded `jaxcore.Transformer` (then pass
 `tokenizer`, a directory with the tokenizer files). `reward_funcs` are TRL-style callables, spec
 strings ("my_rewards.py:fn", "pkg.mod:fn", "model:DIR") or built-in names; without them the
-config's `rewards.functions` or the task's own rewards are used. `args.rewards.weights` go one per
+config's `rewards.functions` or the task's own rewards are used (with `train_dataset`, none: allowed, as in TRL,
+when the environment scores its episodes with `get_reward`). `args.rewards.weights` go one per
 reward function (`reward_funcs` or `rewards.functions`); weights without functions are an error.
 `train_dataset` / `eval_dataset` are a `datasets.Dataset`, a list of dicts or a path (JSON, JSONL, a
 saved HF dataset); every column besides "prompt" reaches the reward functions. Without
@@ -83,8 +84,10 @@ class _Trainer:
         if validate is not None:
             validate()
 
-    def make_task(self) -> Any:
-        """The task: the datasets with the reward functions, or the configured task (rewards replaced)."""
+    def make_task(self, scored_by_environment: bool = False) -> Any:
+        """The task: the datasets with the reward functions, or the configured task (rewards replaced). As in
+        TRL, reward functions are optional when an environment scores its episodes (`scored_by_environment`: its
+        class defines `get_reward`); without either, a ValueError naming both."""
         from jaxcore.runtime.runner import make_task  # lazy: the runner pulls orbax (checkpoints)
 
         functions = self.reward_funcs if self.reward_funcs is not None else list(self.args.rewards.functions)
@@ -93,11 +96,12 @@ class _Trainer:
             raise ConfigValueError("rewards.weights is set but rewards.functions is empty: the weights are one per "
                                    "entry of rewards.functions (to reweight the task's own rewards, list them there)")
         if self.train_dataset is None:
-            return make_task(self.args.task, functions, weights)
-        if not functions:
-            raise ValueError("train_dataset needs reward_funcs (or args.rewards.functions)")
+            return make_task(self.args.task, functions, weights, scored_by_environment=scored_by_environment)
+        if not functions and not scored_by_environment:
+            raise ValueError("train_dataset needs reward_funcs (or args.rewards.functions), or an environment_factory "
+                             "whose environment defines get_reward()")
         task = dataset_task(self.train_dataset, self.eval_dataset, {}, {}, split_seed=self.args.train.seed)
-        return task_with_rewards(task, functions, weights)
+        return task_with_rewards(task, functions, weights) if functions else task
 
     def train(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import jaxcore
-from jaxcore.inference.generate import _prefill, generate
+from jaxcore.inference.generate import generate, prefill
 from parity_tests.batches import left_padded
 from torchref.model import load_reference
 
@@ -102,10 +102,10 @@ def test_num_return_sequences_is_prompt_major(tiny_dir):
 def test_new_prompt_lengths_reuse_the_compiled_prefill(tiny_dir):
     model = jaxcore.load_hf(tiny_dir("llama"))
     generate(model, *prompts(model.config.vocab_size, lengths=(5, 3)), max_new_tokens=4, temperature=0.0)
-    compiled = _prefill._cache_size()
+    compiled = prefill._cache_size()
     for lengths in [(9, 2), (14, 11), (16, 1)]:
         generate(model, *prompts(model.config.vocab_size, lengths=lengths), max_new_tokens=4, temperature=0.0)
-    assert _prefill._cache_size() == compiled
+    assert prefill._cache_size() == compiled
 
 
 def test_bad_generate_arguments_raise_clear_errors(tiny_dir):

@@ -28,7 +28,8 @@ from flax import nnx
 
 from jaxcore.es import eggroll
 from jaxcore.hf.tiny import hf_config
-from jaxcore.inference.generate import _decode, _prefill, bucket_length, generate
+from jaxcore.inference import generate as generation
+from jaxcore.inference.generate import bucket_length, generate
 from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.config import config_from_hf
 from jaxcore.model.transformer import create_model
@@ -114,14 +115,14 @@ def measure(layers: int, hidden: int, population: int, prompts: int, prompt_toke
     ids2, mask2 = np.concatenate([ids, ids]), np.concatenate([mask, mask])
     length = bucket_length(prompt_tokens)
     t0 = time.perf_counter()
-    prefill = _prefill.lower(graphdef, state, ids2, mask2, cache_length=length + new_tokens)
+    prefill = generation.prefill.lower(graphdef, state, ids2, mask2, cache_length=length + new_tokens)
     t1 = time.perf_counter()
     prefill.compile()
     t2 = time.perf_counter()
-    logits, cache = jax.eval_shape(lambda s: _prefill(graphdef, s, ids2, mask2, length + new_tokens), state)
-    decode = _decode.lower(graphdef, state, cache, logits, jnp.asarray(mask2.sum(-1)), jnp.int32(length),
-                           jax.random.key(0), max_new_tokens=new_tokens, sampling=SamplingConfig(1.0, 0, 1.0, 0.0),
-                           eos_ids=(), pad_id=0)
+    logits, cache = jax.eval_shape(lambda s: generation.prefill(graphdef, s, ids2, mask2, length + new_tokens), state)
+    decode = generation.decode.lower(graphdef, state, cache, logits, jnp.asarray(mask2.sum(-1)), jnp.int32(length),
+                                     jax.random.key(0), max_new_tokens=new_tokens,
+                                     sampling=SamplingConfig(1.0, 0, 1.0, 0.0), eos_ids=(), pad_id=0)
     t3 = time.perf_counter()
     decode.compile()
     t4 = time.perf_counter()

@@ -16,6 +16,12 @@ The completion of an episode is everything after the prompt: the generated token
 the model did not generate (tool results, headers: `model_mask` 0, TRL's `tool_mask`, out of GRPO's loss and
 log-probs). `rollout.max_episode_tokens` bounds the completion: a turn is cut there, and tool results that would
 pass it are dropped and end the episode (TRL's rollback), counted as `episodes/hit_token_limit`.
+
+Over several processes every process generates every row (one global batch), but each runs the environments and
+tools of its own rows only: the rows it owns (`parallel.rows.owned_rows`, the rows its reward functions score),
+whose instances it alone builds and resets. What those produce is exchanged as token ids (`_share`: the prompts
+with their reset text, then every turn's tool results and how each row's turn ended), so that every process
+appends the same tokens and runs the same next turn.
 """
 
 from __future__ import annotations
@@ -44,16 +50,10 @@ from jaxcore.agents.tools import (
 )
 from jaxcore.errors import PromptLengthError, TaskError
 from jaxcore.hf.tokenization import PromptLimit, limit_prompts
-from jaxcore.inference.generate import (
-        GenerationResult,
-    _cast_floating,
-    _decode,
-    _prefill,
-    bucket_length,
-)
+from jaxcore.inference.generate import GenerationResult, bucket_length, cast_floating, decode, prefill
 from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.transformer import KVCache
-from jaxcore.parallel.rows import gather_rows
+from jaxcore.parallel.rows import allgather_sum, gather_rows, owned_rows
 from jaxcore.rewards.types import Example
 from jaxcore.rewards.user_functions import is_conversation
 
@@ -183,7 +183,8 @@ class Episodes:
     turns_B: np.ndarray
     hit_limit_B: np.ndarray           # bool: the episode was cut by max_episode_tokens
     prompts_truncated: int = 0
-    instances: list[Any] = dataclasses.field(default_factory=list)
+    # every row's environment instance (None for the rows another process runs); None without environments
+    instances: list[Any] | None = None
 
     def metrics(self) -> dict[str, float]:
         """Turn/tool/length statistics (TRL's tools/call_frequency and tools/failure_frequency among them)."""
@@ -231,20 +232,52 @@ class _Placer:
         return jax.make_array_from_callback(x.shape, self.sharding, lambda index: x[index])
 
 
+def owned_row_mask(b: int, row_sharding: Any) -> np.ndarray:
+    """Which of `b` rows placed with `row_sharding` this process runs the tools and environments of: the rows it
+    owns (`owned_rows`: a row held by several processes is the lowest one's), those its reward functions score.
+    In a single process, every row."""
+    owned_B = np.zeros(b, bool)
+    if jax.process_count() == 1:
+        owned_B[:] = True
+    else:
+        owned_B[owned_rows(_Placer(row_sharding)(np.zeros(b, np.int32)))[0]] = True
+    return owned_B
+
+
+def _share(rows: list[list[int]], owned_B: np.ndarray) -> list[list[int]]:
+    """Every row's token ids on every process, each row's as the process that owns it made them (the others hold
+    anything there): the lengths summed over processes, then the ids padded to the longest."""
+    if jax.process_count() == 1:
+        return rows
+    lengths_B = allgather_sum(np.array([len(r) if o else 0 for r, o in zip(rows, owned_B)], np.int32))
+    ids_BW = np.zeros((len(rows), int(lengths_B.max(initial=0))), np.int32)
+    for r in np.flatnonzero(owned_B):
+        ids_BW[r, :len(rows[r])] = rows[r]
+    if ids_BW.size:
+        ids_BW = allgather_sum(ids_BW)
+    return [ids_BW[r, :n].tolist() for r, n in enumerate(lengths_B)]
+
+
 def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Example], rollout: Any, *,
                  key: jax.Array | None, eos_token_ids: Sequence[int], pad_token_id: int, row_sharding: Any = None,
                  reuse_cache: bool = True) -> Episodes:
     """Roll out one episode per row of `examples` (rows already repeated per generation / member); with `key`
     None greedily. `rollout` gives the sampling settings, `max_new_tokens` (per turn), the prompt limits and
-    `system_prompt`."""
+    `system_prompt`. Each process runs the environments and tools of its own rows (`owned_row_mask`)."""
     b, per_turn, budget = len(examples), rollout.max_new_tokens, agent.max_episode_tokens
     envs = agent.environments
-    instances = envs.instances(examples) if envs is not None else [None] * b
-    observations = [inst.reset(**reset_kwargs(e, envs.named)) if inst is not None else None
-                    for inst, e in zip(instances, examples)]
-    texts = [agent.prompt_text(tokenizer, e, obs, inst, rollout.system_prompt)
-             for e, obs, inst in zip(examples, observations, instances)]
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    owned_B = owned_row_mask(b, row_sharding)
+    instances = envs.instances(examples, owned_B) if envs is not None else [None] * b
+    texts = {}
+    for r in np.flatnonzero(owned_B):
+        inst, example = instances[r], examples[r]
+        observation = inst.reset(**reset_kwargs(example, envs.named)) if inst is not None else None
+        texts[r] = agent.prompt_text(tokenizer, example, observation, inst, rollout.system_prompt)
+    encoded: list[list[int]] = [[] for _ in range(b)]
+    if texts:
+        for r, ids in zip(texts, tokenizer(list(texts.values()), add_special_tokens=False)["input_ids"]):
+            encoded[r] = list(ids)
+    encoded = _share(encoded, owned_B)
     limit = PromptLimit(model.config.max_position_embeddings, rollout.max_prompt_length, rollout.truncate_prompts)
     if budget >= limit.max_positions:
         raise PromptLengthError(f"rollout.max_episode_tokens {budget} leaves no room for a prompt in the model's "
@@ -260,7 +293,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     place = _Placer(row_sharding)
     graphdef, state = nnx.split(model)
     if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
-        state = _cast_floating(state, model.dtype)
+        state = cast_floating(state, model.dtype)
 
     completion: list[list[int]] = [[] for _ in range(b)]
     from_model: list[list[int]] = [[] for _ in range(b)]
@@ -277,7 +310,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
         slots after it, and the first free slot."""
         width = bucket_length(max(len(p) + len(c) for p, c in zip(prompts, completion)), SEQUENCE_BUCKETS)
         ids, mask = _left_pad([p + c for p, c in zip(prompts, completion)], width, pad_token_id)
-        logits, cache = _prefill(graphdef, state, place(ids), place(mask), cache_length=width + extra_slots)
+        logits, cache = prefill(graphdef, state, place(ids), place(mask), cache_length=width + extra_slots)
         return logits, cache, width
 
     # a cache sized for the prompt and the whole episode, plus one turn of slots that waiting rows leave empty
@@ -285,9 +318,9 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     for turn in range(budget):          # every turn adds a token to some row: the budget bounds the turns
         logits_BV = jnp.where(place(active[:, None]), logits_BV, forced_eos_V)     # waiting rows: EOS at once
         positions_B = np.array([len(p) + len(c) for p, c in zip(prompts, completion)], np.int32)
-        result, cache = _decode(graphdef, state, cache, logits_BV, place(positions_B), jnp.int32(index),
-                                jax.random.fold_in(key, turn), max_new_tokens=per_turn, sampling=sampling,
-                                eos_ids=eos, pad_id=int(pad_token_id))
+        result, cache = decode(graphdef, state, cache, logits_BV, place(positions_B), jnp.int32(index),
+                               jax.random.fold_in(key, turn), max_new_tokens=per_turn, sampling=sampling,
+                               eos_ids=eos, pad_id=int(pad_token_id))
         tokens_BN, logp_BN = gather_rows(result.tokens), gather_rows(result.logprobs)
         lengths_B, finished_B = gather_rows(result.lengths), gather_rows(result.finished)
         steps = min(int(lengths_B.max()), per_turn - 1)        # decode steps run = slots written
@@ -313,8 +346,18 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
                 active[r] = False
                 continue
             pending[int(r)] = calls
-        feeds = _run_calls(agent, tokenizer, pending, instances, completion, budget, calls_B, failures_B,
-                           hit_limit_B, active, abandoned)
+        ran = _run_calls(agent, tokenizer, {r: c for r, c in pending.items() if owned_B[r]}, instances, completion,
+                         budget)
+        feeds = {}
+        for r, outcome in _share_outcomes(ran, owned_B).items():
+            calls_B[r] += outcome.calls
+            failures_B[r] += outcome.failures
+            if outcome.end == _Outcome.ABANDONED:
+                active[r], abandoned[r] = False, True
+            elif outcome.end == _Outcome.HIT_LIMIT:
+                active[r], hit_limit_B[r] = False, True                  # TRL: the results are dropped
+            else:
+                feeds[r] = outcome.suffix
         for r, suffix in feeds.items():
             completion[r] += suffix
             from_model[r] += [0] * len(suffix)
@@ -347,6 +390,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
                     "dropped); raise it or lower rollout.max_tool_calling_iterations", int(hit_limit_B.sum()), b,
                     budget)
     env_rewards, env_failures = _env_rewards(agent, instances, abandoned)
+    env_failures = dict(zip(env_failures, allgather_sum(np.array(list(env_failures.values()), np.int64)).tolist()))
     tokens_BE = np.full((b, budget), pad_token_id, np.int32)
     logp_BE = np.zeros((b, budget), np.float32)
     model_mask_BE = np.zeros((b, budget), np.int32)
@@ -357,36 +401,61 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     result = GenerationResult(place(tokens_BE), place(logp_BE), place(lengths), place(ended_with_eos))
     prompt_ids, prompt_mask = _left_pad(prompts, ids_BT.shape[1], pad_token_id)
     return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, env_rewards, env_failures, calls_B,
-                    failures_B, turns_B, hit_limit_B, truncated, instances)
+                    failures_B, turns_B, hit_limit_B, truncated, instances if envs is not None else None)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """How one row's tool calls of a turn went: the calls, the failed ones, and whether the episode goes on
+    (`suffix`: the token ids appended) or ends."""
+
+    GOES_ON, HIT_LIMIT, ABANDONED = 0, 1, 2
+
+    calls: int
+    failures: int
+    end: int = GOES_ON
+    suffix: list[int] = dataclasses.field(default_factory=list)
 
 
 def _run_calls(agent: Agent, tokenizer: Any, pending: dict[int, list[Any]], instances: list[Any],
-               completion: list[list[int]], budget: int, calls_B: np.ndarray, failures_B: np.ndarray,
-               hit_limit_B: np.ndarray, active: np.ndarray, abandoned: np.ndarray) -> dict[int, list[int]]:
-    """Run the turn's calls of every row at once; the token ids each continuing row gets appended. A row whose
-    results would pass the episode budget, or whose environment hung, ends here."""
+               completion: list[list[int]], budget: int) -> dict[int, _Outcome]:
+    """Run the turn's calls of every row in `pending` at once. A row whose results would pass the episode
+    budget (TRL drops them), or whose environment hung (the instance is never reused), ends here."""
     order = [(r, call) for r, calls in pending.items() for call in calls]
     tools = {r: agent.tools_of(instances[r]) for r in pending}
     results = agent.runner.run([(call, tools[r]) for r, call in order])
     by_row: dict[int, list[Any]] = {r: [] for r in pending}
     for (r, _), res in zip(order, results):
         by_row[r].append(res)
-        calls_B[r] += 1
-        failures_B[r] += not res.ok
-    feeds = {}
+    outcomes = {}
     for r, row_results in by_row.items():
+        outcome = outcomes[r] = _Outcome(len(row_results), sum(not res.ok for res in row_results))
         if any(res.hung for res in row_results) and instances[r] is not None:
             agent.environments.pools = {k: [i for i in v if i is not instances[r]]
-                                        for k, v in agent.environments.pools.items()}    # never reused
-            active[r], abandoned[r] = False, True
+                                        for k, v in agent.environments.pools.items()}
+            outcome.end = _Outcome.ABANDONED
             continue
         messages = [{"role": "tool", "name": res.name, "content": res.content} for res in row_results]
-        suffix = agent.suffix_ids(tokenizer, messages)
-        if len(completion[r]) + len(suffix) > budget:
-            active[r], hit_limit_B[r] = False, True                  # TRL: the results are dropped
-            continue
-        feeds[r] = suffix
-    return feeds
+        outcome.suffix = agent.suffix_ids(tokenizer, messages)
+        if len(completion[r]) + len(outcome.suffix) > budget:
+            outcome.end, outcome.suffix = _Outcome.HIT_LIMIT, []
+    return outcomes
+
+
+def _share_outcomes(outcomes: dict[int, _Outcome], owned_B: np.ndarray) -> dict[int, _Outcome]:
+    """Every process's `_run_calls` outcomes of its own rows, on every process."""
+    if jax.process_count() == 1:
+        return outcomes
+    b = len(owned_B)
+    counts_B4 = np.zeros((b, 4), np.int32)               # ran here, calls, failures, end
+    suffixes: list[list[int]] = [[] for _ in range(b)]
+    for r, outcome in outcomes.items():
+        counts_B4[r] = (1, outcome.calls, outcome.failures, outcome.end)
+        suffixes[r] = outcome.suffix
+    counts_B4 = allgather_sum(counts_B4)
+    suffixes = _share(suffixes, owned_B)
+    return {r: _Outcome(int(calls), int(failures), int(end), suffixes[r])
+            for r, (ran, calls, failures, end) in enumerate(counts_B4) if ran}
 
 
 def _env_rewards(agent: Agent, instances: list[Any], abandoned: np.ndarray

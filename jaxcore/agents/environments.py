@@ -4,7 +4,8 @@ return value, when a string, is appended to the row's last user message), public
 optionally `get_reward()` scoring the finished episode (an extra reward source, weight 1, named after the class).
 
 Every rollout row gets its own instance (instances are pooled and reset, as in TRL: built once, reset often), so
-rows never share state: for ES every population member's rows hold their own instances.
+rows never share state: for ES every population member's rows hold their own instances. Over several processes
+a row's instance lives on the process that owns the row (`jaxcore.agents.engine`).
 """
 
 from __future__ import annotations
@@ -88,12 +89,17 @@ class Environments:
                             f"{sorted(self.factories)}")
         return name
 
-    def instances(self, examples: Sequence[Example]) -> list[Any]:
-        """One instance per row, drawn from the pool (grown when a batch needs more)."""
+    def instances(self, examples: Sequence[Example], rows: Sequence[bool] | None = None) -> list[Any]:
+        """One instance per row, drawn from the pool (grown when a batch needs more); with `rows` (a flag per
+        example), only for the flagged rows (None elsewhere: another process runs them). Every row's
+        environment name is checked, so that a bad one fails on every process alike."""
         cursor: dict[str | None, int] = {}
         out = []
-        for example in examples:
+        for i, example in enumerate(examples):
             name = self.name_of(example)
+            if rows is not None and not rows[i]:
+                out.append(None)
+                continue
             pool, index = self.pools[name], cursor.get(name, 0)
             if index == len(pool):
                 pool.append(self.factories[name]())

@@ -42,7 +42,7 @@ def prefill_call(model: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int)
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxcore.inference.generate import _cast_floating, _prefill, bucket_length, pad_left
+    from jaxcore.inference.generate import bucket_length, cast_floating, pad_left, prefill
 
     length = bucket_length(ids.shape[1])
     ids_p, mask_p = (jnp.asarray(x) for x in pad_left(ids, mask, length, 0))
@@ -51,8 +51,8 @@ def prefill_call(model: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int)
     def call() -> Any:
         st = state
         if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(st)):
-            st = _cast_floating(st, model.dtype)
-        return jax.block_until_ready(_prefill(graphdef, st, ids_p, mask_p, cache_length=length + new_tokens))
+            st = cast_floating(st, model.dtype)
+        return jax.block_until_ready(prefill(graphdef, st, ids_p, mask_p, cache_length=length + new_tokens))
 
     return call
 

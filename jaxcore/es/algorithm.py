@@ -188,7 +188,8 @@ class EggrollAlgorithm(Algorithm):
                                     eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
                                     row_sharding=self.rows)
             result, self.prompts_truncated = episodes.result, episodes.prompts_truncated
-            scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards)
+            scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards,
+                                environments=episodes.instances)
             episode_metrics = episodes.metrics()
         rewards = scores.rewards_B.reshape(n, p, g)
         fitness_N = member_fitness(rewards, es.shaping)

@@ -29,7 +29,8 @@ ES_ADVICE = {
     "update factors": "lower es.population or es.rank",
     "gradient": "use more devices",
     "kv cache": "lower rollout.prompts_per_epoch, rollout.generations_per_prompt, rollout.max_new_tokens "
-                "(or the prompt length) or es.population, or use more devices (mesh.model does not shrink it)",
+                "(rollout.max_episode_tokens with tools), the prompt length or es.population, or use more devices "
+                "(mesh.model does not shrink it)",
     "activations": "lower rollout.prompts_per_epoch or es.population, or use more devices",
 }
 
@@ -38,10 +39,11 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
             max_new_tokens: int, devices: int, model_axis: int = 1, compute_dtype: str = "float32",
             master_dtype: str = "float32", optimizer: str = "sgd", momentum: bool = False,
             targets: tuple[str, ...] | None = None, device_memory: float | None = None,
-            shard_min_size: int = SHARD_MIN_SIZE) -> MemoryPlan:
-    """The per-device memory of one ES epoch; `targets` are the perturbed paths (default: every matrix
-    but the embedding and the LM head, as EGGROLL's defaults); leaves under `shard_min_size` elements
-    keep replicated masters (mesh.shard_min_size)."""
+            shard_min_size: int = SHARD_MIN_SIZE, cache_tokens: int | None = None) -> MemoryPlan:
+    """The per-device memory of one ES epoch; `cache_tokens` are the KV-cache slots after the prompt (default
+    `max_new_tokens`; a multi-turn episode's: `RolloutConfig.cache_tokens`); `targets` are the perturbed paths
+    (default: every matrix but the embedding and the LM head, as EGGROLL's defaults); leaves under
+    `shard_min_size` elements keep replicated masters (mesh.shard_min_size)."""
     shapes = param_shapes(cfg)
     c, mb = itemsize(compute_dtype, "model.dtype"), itemsize(master_dtype, "es.master_dtype")
     m, pop = model_axis, devices // model_axis
@@ -72,7 +74,7 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
         g_in, g_out = master_div[path]
         regenerate += 2 * pairs * rank * (i / g_in + o / g_out) * 4
     rows = math.ceil(population * prompts * generations / pop)
-    length = bucket_length(prompt_tokens) + max_new_tokens
+    length = bucket_length(prompt_tokens) + (cache_tokens or max_new_tokens)
     terms = {"compute weights": compute, "master weights": masters, "optimizer state": copies * perturbed,
              "factors": factors,
              "kv cache": kv_cache_bytes(cfg, rows, length, c, m),
@@ -86,11 +88,13 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
 
 def plan_job(es_cfg: ESConfig, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
                    prompt_tokens: int | None = None, population: int | None = None) -> MemoryPlan:
-    """`plan_es` for a `jaxcore es` job config (`ESConfig`)."""
+    """`plan_es` for a `jaxcore es` job config (`ESConfig`); with tools, each row's cache holds a whole episode
+    (`rollout.cache_tokens`)."""
     es, r, opt = es_cfg.es, es_cfg.rollout, es_cfg.optimizer
     return plan_es(model_cfg, population=population or es.population, rank=es.rank, prompts=r.prompts_per_epoch,
                    generations=r.generations_per_prompt, prompt_tokens=prompt_tokens_of(es_cfg, prompt_tokens),
-                   max_new_tokens=r.max_new_tokens, devices=devices, model_axis=es_cfg.mesh.model,
+                   max_new_tokens=r.completion_tokens, cache_tokens=r.cache_tokens, devices=devices,
+                   model_axis=es_cfg.mesh.model,
                    compute_dtype=es_cfg.model.dtype, master_dtype=es.master_dtype, optimizer=opt.name,
                    momentum=bool(opt.momentum), device_memory=device_memory,
                    shard_min_size=es_cfg.mesh.shard_min_size)

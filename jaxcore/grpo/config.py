@@ -2,7 +2,7 @@
 job's `grpo:` section (`GRPOOptions`: the loss settings plus how a rollout is trained on), and the
 `jaxcore grpo` job config (`GRPOConfig`) composed of those and of the runtime's sections, with TRL's
 defaults where they differ from ES's. G is rollout.generations_per_prompt and TRL's max_completion_length
-is rollout.max_new_tokens."""
+is rollout.completion_tokens (max_new_tokens; a multi-turn episode's max_episode_tokens)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def aggregate(per_token_BT: Array, mask_BT: Array, loss_type: str, max_completio
         return total_B.sum() / jnp.maximum(count_B.sum(), 1.0)
     if loss_type == "dr_grpo":
         if max_completion_length is None or max_completion_length <= 0:
-            raise ValueError(f"dr_grpo needs max_completion_length > 0 (the rollout's max_new_tokens), "
+            raise ValueError(f"dr_grpo needs max_completion_length > 0 (the rollout's completion_tokens), "
                              f"not {max_completion_length}")
         return total_B.sum() / (per_token_BT.shape[0] * max_completion_length)
     if loss_type == "luspo":
@@ -151,7 +151,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     `accumulation_steps` n: this batch is one of n micro-batches of an optimiser step; like TRL the
     loss is divided by n except for the dapo/cispo/vespo types (`num_items_in_batch` spans the step).
     `entropy_BT` (differentiable) is needed for `top_entropy_quantile` < 1 and `entropy_coef` != 0.
-    `max_completion_length` (TRL's; a job's rollout.max_new_tokens) is dr_grpo's constant normaliser and
+    `max_completion_length` (TRL's; a job's rollout.completion_tokens) is dr_grpo's constant normaliser and
     needed by it only.
     Masked positions are zeroed before any exp, so junk log-probs there cannot produce inf/NaN.
     """

@@ -22,6 +22,7 @@ from flax import nnx
 
 from jaxcore.inference.logprobs import token_logprobs
 from jaxcore.inference.sampling import SamplingConfig, sample_next
+from jaxcore.model.lora import LoRAKernel
 from jaxcore.model.transformer import KVCache, positions_from_mask
 
 Array = jax.Array
@@ -63,26 +64,56 @@ def pad_left(ids_BT: np.ndarray, mask_BT: np.ndarray, length: int, pad_id: int) 
 
 
 @functools.partial(jax.jit, static_argnames=("dtype",))
-def _cast_floating(state: nnx.State, dtype: Any) -> nnx.State:
+def cast_floating(state: nnx.State, dtype: Any) -> nnx.State:
     """Master weights in the compute dtype, so the decode loop streams half the bytes in bf16."""
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_length"))
-def _prefill(graphdef: nnx.GraphDef, state: nnx.State, ids_BT: Array, mask_BT: Array,
-             cache_length: int) -> tuple[Array, KVCache]:
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_length", "repeats"))
+def prefill(graphdef: nnx.GraphDef, state: nnx.State, ids_BT: Array, mask_BT: Array,
+            cache_length: int, repeats: int = 1) -> tuple[Array, KVCache]:
+    """One jitted forward of left-padded prompts into a fresh KV cache of `cache_length` slots: the logits after
+    each row's last token, and the cache (slots from `ids_BT.shape[1]` on free). With `repeats=n` both come back
+    with every row repeated n times (prompt-major, as `np.repeat`): n samples of a prompt share one prefill.
+    One program per (graphdef, shapes, cache_length, repeats)."""
     model = nnx.merge(graphdef, state)
     cache = KVCache.create(model.config, ids_BT.shape[0], cache_length, model.dtype)
     logits_B1V, cache = model.forward_cached(ids_BT, positions_from_mask(mask_BT), mask_BT, cache,
                                              jnp.int32(0), last_only=True)
-    return logits_B1V[:, 0], cache
+    if repeats == 1:
+        return logits_B1V[:, 0], cache
+    return jax.tree.map(lambda x_B: jnp.repeat(x_B, repeats, axis=0), (logits_B1V[:, 0], cache))
+
+
+def shares_prefill(state: nnx.State) -> bool:
+    """Whether each row's outputs depend on its own tokens only, so that repeated prompts can share one prefill:
+    every weight a plain array or a LoRA stand-in without dropout. Any other stand-in (an EGGROLL population's
+    ties rows to members by their position in the batch) does not."""
+    values = (v.get_value() for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    return all(isinstance(v, jax.Array) or (isinstance(v, LoRAKernel) and (v.key is None or v.dropout == 0.0))
+               for v in values)
+
+
+def place_rows(x_B: np.ndarray, row_sharding: jax.sharding.Sharding | None) -> Array:
+    """A host batch (the same on every process) as one global array placed with `row_sharding`."""
+    if row_sharding is None:
+        return jnp.asarray(x_B)
+    return jax.make_array_from_callback(x_B.shape, row_sharding, lambda index: x_B[index])
+
+
+def row_shards(row_sharding: jax.sharding.Sharding | None, shape: tuple[int, ...]) -> int:
+    """How many pieces `row_sharding` cuts the rows (leading axis) of an array of `shape` into."""
+    return 1 if row_sharding is None else shape[0] // row_sharding.shard_shape(shape)[0]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "eos_ids", "pad_id"),
                    donate_argnames=("cache",))
-def _decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: Array, next_position_B: Array,
-            start_index: Array, key: Array, *, max_new_tokens: int, sampling: SamplingConfig,
-            eos_ids: tuple[int, ...], pad_id: int) -> tuple[GenerationResult, KVCache]:
+def decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: Array, next_position_B: Array,
+           start_index: Array, key: Array, *, max_new_tokens: int, sampling: SamplingConfig,
+           eos_ids: tuple[int, ...], pad_id: int) -> tuple[GenerationResult, KVCache]:
+    """The jitted decode loop: up to `max_new_tokens` tokens per row sampled from `logits_BV` on, each written to
+    the (donated) cache at slot `start_index + step` with position `next_position_B + step`; stops when every
+    row has emitted an EOS. Returns the tokens and the cache (`jaxcore.agents` keeps it across turns)."""
     model = nnx.merge(graphdef, state)
     rows = logits_BV.shape[0]
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
@@ -118,6 +149,7 @@ def _decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV:
     return GenerationResult(tokens_BN, logprobs_BN, lengths_B, done_B), cache
 
 
+
 def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1, key: Array | None = None,
@@ -147,20 +179,20 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
         raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
                          f"{config.max_position_embeddings} learned positions")
     ids_BT, mask_BT = pad_left(ids_BT, mask_BT, length, pad_token_id)
-    if num_return_sequences > 1:
-        ids_BT = np.repeat(ids_BT, num_return_sequences, axis=0)
-        mask_BT = np.repeat(mask_BT, num_return_sequences, axis=0)
-    if row_sharding is not None:     # every process holds the same host batch: place it as one global array
-        ids, mask = (jax.make_array_from_callback(x.shape, row_sharding, lambda index, x=x: x[index])
-                     for x in (ids_BT, mask_BT))
-    else:
-        ids, mask = jnp.asarray(ids_BT), jnp.asarray(mask_BT)
     graphdef, state = nnx.split(model)
+    # n samples of a prompt share its prefill unless the model ties rows to their batch position or the distinct
+    # prompts cannot be sharded like the repeated rows (then every repeated row is prefilled, as before)
+    n = num_return_sequences
+    rows_shape = (ids_BT.shape[0] * n, length)
+    repeats = n if shares_prefill(state) and ids_BT.shape[0] % row_shards(row_sharding, rows_shape) == 0 else 1
+    if n > repeats:
+        ids_BT, mask_BT = np.repeat(ids_BT, n, axis=0), np.repeat(mask_BT, n, axis=0)
+    ids, mask = place_rows(ids_BT, row_sharding), place_rows(mask_BT, row_sharding)
     if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
-        state = _cast_floating(state, model.dtype)      # once per call, not in every decode step
-    logits_BV, cache = _prefill(graphdef, state, ids, mask, cache_length=length + max_new_tokens)
-    next_position_B = mask.sum(-1).astype(jnp.int32)
-    result, _ = _decode(graphdef, state, cache, logits_BV, next_position_B, jnp.int32(length),
-                        key if key is not None else jax.random.key(0), max_new_tokens=max_new_tokens,
-                        sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id))
+        state = cast_floating(state, model.dtype)       # once per call, not in every decode step
+    logits_BV, cache = prefill(graphdef, state, ids, mask, cache_length=length + max_new_tokens, repeats=repeats)
+    next_position_B = place_rows(np.repeat(mask_BT.sum(-1, dtype=np.int32), repeats), row_sharding)
+    result, _ = decode(graphdef, state, cache, logits_BV, next_position_B, jnp.int32(length),
+                       key if key is not None else jax.random.key(0), max_new_tokens=max_new_tokens,
+                       sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id))
     return result

@@ -11,14 +11,23 @@ None. ``timeout_s`` holds in every mode: in worker processes (``num_workers > 0`
 killed; in-process (``num_workers=0``) SIGALRM interrupts the call (`workers.call_with_timeout`; off the main
 thread, where no alarm can be set, the functions run in one worker process instead). `Scorer.interrupt` (a
 stop signal) ends scoring at once: every chunk not scored yet gets the fallback, counted.
+
+A multi-turn rollout's environment instances (`score(..., environments=)`, one per completion) reach the
+functions that name an ``environments`` parameter (`takes_environments`), as TRL passes them. Those functions
+always run in this process (never pickled), also with worker processes: the instances are live objects of this
+process (a game's state, a sandbox or a client connection), which TRL's reward functions read in place, and
+which often cannot be pickled; a worker would only see a copy. They get the in-process timeout (SIGALRM), not a
+worker's crash isolation. A Scorer may hold no functions at all when the rollout's environments score it (their
+`get_reward`, added by `jaxcore.runtime.rollout.with_extra`): every reward is then 0 here.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -57,6 +66,11 @@ def to_values(output: Any, n: int) -> np.ndarray:
     return values
 
 
+def takes_environments(fn: RewardFn) -> bool:
+    """Whether a reward is to be called with the rollout's environment instances (`environments=`)."""
+    return bool(getattr(fn, "takes_environments", False))
+
+
 class ScoringInterrupted(BaseException):
     """Raised into an in-process reward call by `Scorer.interrupt` (a stop signal)."""
 
@@ -83,8 +97,6 @@ class Scorer:
         chunk_size: int | None = None,
         start_method: str = "spawn",
     ) -> None:
-        if not reward_fns:
-            raise ValueError("at least one reward function is needed")
         weights = dict.fromkeys(reward_fns, 1.0) if weights is None else dict(weights)
         if set(weights) != set(reward_fns):
             raise ValueError(
@@ -98,12 +110,11 @@ class Scorer:
         self.timeout_s = timeout_s
         self.fallback = fallback
         self.chunk_size = chunk_size
-        self._pool = (
-            WorkerPool(self.reward_fns, num_workers, start_method) if num_workers > 0 else None
-        )
-        if self._pool is None and not alarm_available():
+        pooled = {name: fn for name, fn in self.reward_fns.items() if not takes_environments(fn)}
+        self._pool = WorkerPool(pooled, num_workers, start_method) if num_workers > 0 and pooled else None
+        if self._pool is None and pooled and not alarm_available():
             try:            # no SIGALRM off the main thread: one worker process enforces the timeout
-                self._pool = WorkerPool(self.reward_fns, 1, start_method)
+                self._pool = WorkerPool(pooled, 1, start_method)
             except ValueError as e:
                 logger.warning("rewards.timeout_s cannot be enforced off the main thread for unpicklable reward "
                                "functions (%s)", str(e).split(";")[0])
@@ -111,12 +122,16 @@ class Scorer:
         self._interrupted = False
         self._in_call = False
 
-    def score(self, completions: Sequence[str], examples: Sequence[Example]) -> ScoreResult:
-        """Score one batch; see the module docstring for the failure rules."""
+    def score(self, completions: Sequence[str], examples: Sequence[Example],
+              environments: Sequence[Any] | None = None) -> ScoreResult:
+        """Score one batch; see the module docstring for the failure rules and for `environments` (a multi-turn
+        rollout's instance per completion)."""
         if self._closed:
             raise RuntimeError("Scorer is closed")
         if len(completions) != len(examples):
             raise ValueError(f"got {len(completions)} completions but {len(examples)} examples")
+        if environments is not None and len(environments) != len(examples):
+            raise ValueError(f"got {len(environments)} environments for {len(examples)} examples")
         completions, examples = list(completions), list(examples)
         size = len(completions)
         width = self.chunk_size or max(1, -(-size // max(self.num_workers, 1)))
@@ -126,10 +141,18 @@ class Scorer:
             for start in range(0, size, width)
         ]
         payloads = [(name, completions[a:b], examples[a:b]) for name, a, b in jobs]
+        here = [takes_environments(self.reward_fns[name]) for name, _, _ in jobs]
+        outcomes: list[Outcome | None] = [None] * len(jobs)
         if self._pool is not None:
-            outcomes = self._pool.run(payloads, self.timeout_s)
-        else:
-            outcomes = [self._run_inline(self.reward_fns[n], c, e) for n, c, e in payloads]
+            sent = [i for i, inline in enumerate(here) if not inline]
+            for i, outcome in zip(sent, self._pool.run([payloads[i] for i in sent], self.timeout_s)):
+                outcomes[i] = outcome
+        for i, ((name, c, e), (_, a, b)) in enumerate(zip(payloads, jobs)):
+            if outcomes[i] is None:
+                fn = self.reward_fns[name]
+                with_envs = here[i] and environments is not None
+                outcomes[i] = self._run_inline(functools.partial(fn, environments=list(environments[a:b]))
+                                               if with_envs else fn, c, e)
         raw = {name: np.full(size, np.nan) for name in self.reward_fns}
         failed = {name: np.zeros(size, dtype=bool) for name in self.reward_fns}
         for (name, start, stop), (ok, output) in zip(jobs, outcomes, strict=True):
@@ -148,9 +171,9 @@ class Scorer:
                 output,
                 self.fallback,
             )
-        return self._combine(raw, failed)
+        return self._combine(raw, failed, size)
 
-    def _run_inline(self, fn: RewardFn, completions: list[str], examples: list[Example]) -> Outcome:
+    def _run_inline(self, fn: Callable[..., Any], completions: list[str], examples: list[Example]) -> Outcome:
         """One in-process call under the timeout; after `interrupt`, none is made."""
         if self._interrupted:
             return False, STOPPING
@@ -171,7 +194,9 @@ class Scorer:
         if self._in_call:
             raise ScoringInterrupted
 
-    def _combine(self, raw: dict[str, np.ndarray], failed: dict[str, np.ndarray]) -> ScoreResult:
+    def _combine(self, raw: dict[str, np.ndarray], failed: dict[str, np.ndarray], size: int) -> ScoreResult:
+        if not raw:                     # no functions: the rollout's environments score it (`with_extra`)
+            return ScoreResult(np.zeros(size, np.float32), {}, {})
         fill = np.nan if self.fallback is None else self.fallback
         terms = np.stack(
             [self.weights[name] * np.where(failed[name], fill, raw[name]) for name in raw]

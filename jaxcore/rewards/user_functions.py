@@ -7,7 +7,10 @@ A TRL reward function is any callable
 where `columns` are every dataset column other than the prompt, as lists with one item per
 completion, and None means "not applicable to this sample". For conversational prompts (a list
 of {"role", "content"} messages) each completion is passed as [{"role": "assistant", "content": text}],
-as TRL does. TRL's trainer-only keywords (`trainer_state`, `log_extra`, `log_metric`) are not passed.
+as TRL does. TRL's trainer-only keywords (`trainer_state`, `log_extra`, `log_metric`) are not passed. In a
+multi-turn rollout a function whose signature names `environments` gets TRL's `environments=`: the rows'
+environment instances, one per completion in the completions' order, after their episodes (called in the
+trainer's process, where the instances live: `jaxcore.rewards.scoring`).
 
 A spec names the function: `"my_rewards.py:brevity"` (a file; a relative path is relative to the
 current directory), `"mypkg.scoring:judge"` (a module; the current directory is searched after the
@@ -47,11 +50,12 @@ from typing import Any
 from jaxcore.errors import RewardFunctionError  # noqa: F401  (re-exported: its old home)
 from jaxcore.rewards.config import RewardsConfig
 from jaxcore.rewards.registry import REWARDS
-from jaxcore.rewards.scoring import to_values
+from jaxcore.rewards.scoring import takes_environments, to_values
 from jaxcore.rewards.types import Example, RewardFn, TaskError
 from jaxcore.rewards.workers import call_with_timeout, one_line
 
 TRL_KEYWORDS = ("prompts", "completions", "completion_ids")
+ENVIRONMENTS = "environments"           # TRL's keyword for a multi-turn rollout's environment instances
 logger = logging.getLogger("jaxcore.rewards")
 
 
@@ -139,6 +143,8 @@ def check_signature(name: str, fn: Callable[..., Any], columns: Sequence[str]) -
     except (TypeError, ValueError):
         return                                          # builtins and C callables: trust them
     kwargs = {key: [] for key in (*TRL_KEYWORDS, *columns)}
+    if ENVIRONMENTS in signature.parameters:
+        kwargs[ENVIRONMENTS] = []
     try:
         signature.bind(**kwargs)
     except TypeError as err:
@@ -183,13 +189,24 @@ class TRLReward(ImportedBySpec):
         self.columns = tuple(c for c in columns if c not in TRL_KEYWORDS)
         self.root = root if root is not None else os.getcwd()       # where the spec was resolved
 
-    def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float | None]:
+    @property
+    def takes_environments(self) -> bool:
+        """The function names an `environments` parameter (TRL's keyword): it reads the rollout's instances."""
+        try:
+            return ENVIRONMENTS in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[Example],
+                 environments: Sequence[Any] | None = None) -> list[float | None]:
         prompts = [e.prompt for e in examples]
         texts = [[{"role": "assistant", "content": str(c)}] if is_conversation(e.prompt) else str(c)
                  for c, e in zip(completions, examples)]
         keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in TRL_KEYWORDS)])
         columns = {key: [e.columns.get(key) for e in examples] for key in keys}
         ids = [list(getattr(c, "ids", ())) for c in completions]
+        if environments is not None:
+            columns[ENVIRONMENTS] = list(environments)
         return self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns)
 
 
@@ -304,11 +321,12 @@ def probe_rewards(fns: dict[str, RewardFn], examples: Sequence[Example],
     """Call each user function and reward model once on empty completions, each under `timeout_s`
     (`call_with_timeout`): a wrong count or a non-number return is a one-line `RewardFunctionError` before any
     training starts. A crash or a timeout is only logged (one line): a real function may assume a real
-    completion (`re.search(...).group(1)`)."""
+    completion (`re.search(...).group(1)`). A function that reads `environments` is not probed (no episode has
+    run yet)."""
     completions = [Completion("") for _ in examples]
     for name, fn in fns.items():
-        if not isinstance(fn, (TRLReward, RewardModel)):
-            continue                                        # built-in rewards are trusted
+        if not isinstance(fn, (TRLReward, RewardModel)) or takes_environments(fn):
+            continue                        # built-in rewards are trusted; episodes' environments are not there yet
         try:
             ok, output = call_with_timeout(_raising_own_errors(fn), (completions, list(examples)), timeout_s)
         except _OwnError as err:

@@ -60,14 +60,16 @@ def with_extra(scores: ScoreResult, extra: Mapping[str, np.ndarray]) -> ScoreRes
 
 def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokenizer: Any, scorer: Scorer, *,
                combined: Callable[[ScoreResult], np.ndarray] | None = None,
-               extra: Mapping[str, np.ndarray] | None = None) -> RowScores:
+               extra: Mapping[str, np.ndarray] | None = None, environments: Sequence[Any] | None = None) -> RowScores:
     """Each process decodes and scores the rows of `result` it owns (a row held by several processes is scored
     once, by the first); every row's values, summed over processes. `combined` turns a batch's `ScoreResult`
     into the reward per row (default: its weighted sum); `extra` are further reward values of every row
-    (`with_extra`: a multi-turn rollout's environment rewards)."""
+    (`with_extra`: a multi-turn rollout's environment rewards); `environments` every row's environment instance
+    (TRL's `environments=` of the reward functions; a process holds those of its own rows)."""
     rows, tokens = owned_rows(result.tokens)
     _, lengths = owned_rows(result.lengths)
-    scores = scorer.score(decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows])
+    scores = scorer.score(decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows],
+                          None if environments is None else [environments[i] for i in rows])
     scores = with_extra(scores, {name: np.asarray(values)[rows] for name, values in (extra or {}).items()})
     size = len(row_examples)
 

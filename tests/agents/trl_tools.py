@@ -75,3 +75,8 @@ class IncrementEnv:
 def said_done(completions, **kwargs):
     """A TRL reward function: 1 when the episode ends saying done."""
     return [1.0 if str(c).rstrip().endswith("done") else 0.0 for c in completions]
+
+
+def counted(environments, **kwargs):
+    """A TRL reward function reading the episodes' environments (TRL's `environments=`): each one's counter."""
+    return [float(env.counter) for env in environments]

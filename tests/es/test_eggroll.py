@@ -7,7 +7,7 @@ import pytest
 
 import jaxcore
 from jaxcore.es import eggroll
-from jaxcore.inference.generate import _decode, generate
+from jaxcore.inference.generate import decode, generate
 from jaxcore.model.state import flat_state
 from jaxcore.parallel import meshes, sharding
 from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
@@ -137,7 +137,7 @@ def test_population_decode_has_plain_inference_memory_and_no_noise_generation(ll
 
     graphdef, state = nnx.split(pop)
     cache = KVCache.create(llama.config, 6, 24, jnp.float32)
-    jaxpr = jax.make_jaxpr(lambda s, c: _decode.__wrapped__(
+    jaxpr = jax.make_jaxpr(lambda s, c: decode.__wrapped__(
         graphdef, s, c, jnp.zeros((6, llama.config.vocab_size)), jnp.ones(6, jnp.int32), jnp.int32(16),
         jax.random.key(0), max_new_tokens=4, sampling=SamplingConfig(temperature=0.0), eos_ids=(), pad_id=0))(
         state, cache)

@@ -22,7 +22,7 @@ from flax import nnx
 import jaxcore
 from jaxcore.bench import roofline
 from jaxcore.es import eggroll
-from jaxcore.inference.generate import _prefill
+from jaxcore.inference.generate import prefill
 
 ROWS, PROMPT, NEW = 8, 16, 32
 
@@ -40,7 +40,7 @@ def decode_step(graphdef: nnx.GraphDef, state: nnx.State, cache, token_B: jax.Ar
 def step_cost(model) -> dict[str, float]:
     graphdef, state = nnx.split(model)
     ids_BT = jnp.ones((ROWS, PROMPT), jnp.int32)
-    _, cache = jax.eval_shape(functools.partial(_prefill, graphdef, cache_length=PROMPT + NEW), state, ids_BT, ids_BT)
+    _, cache = jax.eval_shape(functools.partial(prefill, graphdef, cache_length=PROMPT + NEW), state, ids_BT, ids_BT)
     zeros_B = jnp.zeros(ROWS, jnp.int32)
     compiled = decode_step.lower(graphdef, state, cache, zeros_B, zeros_B, jnp.int32(PROMPT)).compile()
     cost = compiled.cost_analysis()

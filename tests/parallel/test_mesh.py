@@ -135,7 +135,7 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
 
     from flax import nnx
 
-    from jaxcore.inference.generate import _prefill
+    from jaxcore.inference.generate import prefill
 
     model = jaxcore.load_hf(tiny_dir("llama", tie=True, kv_heads=4))   # tied: no [H, 259] lm_head (259 % 4)
     mesh = meshes.es_mesh(4)
@@ -143,7 +143,7 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
     rows = meshes.leading_axis(mesh, meshes.POP)
     ids = sharding.put_global(np.ones((10, 16), np.int32), rows)       # 5 rows per pop device
     graphdef, state = nnx.split(compute)
-    compiled = _prefill.lower(graphdef, state, ids, ids, cache_length=24).compile()
+    compiled = prefill.lower(graphdef, state, ids, ids, cache_length=24).compile()
     weights = {k: v for k, v in flat_state(compute).items() if v.ndim == 2}
     specs = jax.tree.leaves(compiled.input_shardings[0][0])
     assert len(specs) == len(jax.tree.leaves(state))
