@@ -8,6 +8,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["JAXCORE_COMPILATION_CACHE"] = "off"    # never the user's cache; tests that use one give a tmp dir
 
 from pathlib import Path  # noqa: E402
 

@@ -23,6 +23,7 @@ class BenchOptions:
     dtype: str = "float32"           # jaxcore compute dtype (`jaxcore bench` defaults to bfloat16 on GPU)
     quick: bool = False              # smaller shapes, for tests
     workdir: str = "runs/bench"
+    compilation_cache: str | None = None   # the trl suite's jaxcore runs: a directory, "off", None = the default
 
 
 # Shapes for the real-size presets (issue 12): batch/population 256, prompt 64, 256 new tokens.

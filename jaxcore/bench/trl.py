@@ -78,10 +78,13 @@ def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations:
     return {"step_s": timer.times, "reward": rewards}
 
 
-def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
-            ) -> dict[str, list[float]]:
-    """`steps` epochs (one rollout and one optimiser step each) of jaxcore's GRPOTrainer."""
+def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path,
+            compilation_cache: str | None = None) -> dict[str, Any]:
+    """`steps` epochs (one rollout and one optimiser step each) of jaxcore's GRPOTrainer; `compilation_cache`
+    (None: the default) is `train.compilation_cache`, and the result's `compilation_cache` says how it served
+    the run (`jaxcore.runtime.compile_cache.stats`)."""
     import jaxcore
+    from jaxcore.runtime import compile_cache
     from jaxcore.runtime.metrics import read_metrics
 
     args = jaxcore.GRPOConfig()
@@ -92,12 +95,15 @@ def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations:
     t = args.train
     t.epochs, t.out_dir, t.eval_every, t.checkpoint_every = steps, str(out), -1, 0
     t.progress, t.tensorboard, t.export_hf = False, False, False
+    if compilation_cache is not None:
+        t.compilation_cache = compilation_cache
     rows = [{"prompt": p} for p in PROMPTS]             # no held-out evaluation (eval_every=-1), as in TRL's run
     trainer = jaxcore.GRPOTrainer(model=str(path), reward_funcs=[brevity], train_dataset=rows, eval_dataset=rows,
                                   args=args)
     trainer.train()
     rows = [row for row in read_metrics(out / "metrics.jsonl") if "step_time" in row]
-    return {"step_s": [row["step_time"] for row in rows], "reward": [row["reward"] for row in rows]}
+    return {"step_s": [row["step_time"] for row in rows], "reward": [row["reward"] for row in rows],
+            "compilation_cache": compile_cache.stats()}
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
@@ -118,17 +124,22 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 sides: dict[str, dict[str, list[float]]] = {"trl": {"step_s": [], "reward": []},
                                                             "jax": {"step_s": [], "reward": []}}
                 rounds = rounds_for(s, length)
+                caches: list[dict[str, Any]] = []
                 for round_ in range(rounds):
-                    for side, runner in (("trl", trl_run), ("jax", jax_run)):
+                    for side in ("trl", "jax"):
                         print(f"{key}: {side} round {round_ + 1}/{rounds}", flush=True)
                         out = Path(tmp) / f"{key}-{side}-{round_}"
-                        got = runner(path, lr, length, s["steps"], s["generations"], out)
+                        got = (trl_run(path, lr, length, s["steps"], s["generations"], out) if side == "trl" else
+                               jax_run(path, lr, length, s["steps"], s["generations"], out, options.compilation_cache))
                         sides[side]["step_s"] += got["step_s"][1:]          # the first step compiles / warms up
                         sides[side]["reward"] += got["reward"]
+                        if side == "jax":       # per run: cache dir (None: off), warm (entries before), hits, misses
+                            caches.append(got["compilation_cache"])
                 trl_s, jax_s = (statistics.median(sides[side]["step_s"]) for side in ("trl", "jax"))
                 results[f"{key}.trl_step_over_jax"] = round(trl_s / jax_s, 3)
                 results[f"{key}.trl_median_step_s"] = round(trl_s, 4)
                 results[f"{key}.jax_median_step_s"] = round(jax_s, 4)
+                results[f"{key}.jax_compilation_cache"] = caches
                 for side in ("trl", "jax"):
                     results[f"{key}.{side}_reward"] = sides[side]["reward"]
                     results[f"{key}.{side}_step_s"] = sides[side]["step_s"]

@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute dtype (default: bfloat16 when JAX's backend is a GPU, float32 on CPU)")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes (for tests)")
     parser.add_argument("--workdir", default="runs/bench", help="where bench models are written")
+    parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
+                        help="the trl suite's jaxcore runs keep compiled programs in DIR, or off (default "
+                             "~/.cache/jaxcore/xla; JAXCORE_COMPILATION_CACHE overrides it); the JSON says whether "
+                             "the cache was used and warm")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         # Like torch's default (no TF32 in matmuls): fp32 means fp32 on both sides of every ratio.
         jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
-                           workdir=args.workdir)
+                           workdir=args.workdir, compilation_cache=args.compilation_cache)
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:

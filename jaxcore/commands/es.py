@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from train.out_dir/checkpoints")
     parser.add_argument("--resume-allow-changes", action="store_true",
                         help="with --resume: accept a checkpoint written with an incompatible config (logged)")
+    parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
+                        help="keep compiled programs in DIR for later runs, or off (sets train.compilation_cache; "
+                             "default ~/.cache/jaxcore/xla; the environment variable JAXCORE_COMPILATION_CACHE "
+                             "overrides both)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
@@ -38,6 +42,8 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
     from jaxcore.config.yaml_config import load_config
 
     cfg = load_config(trainer_type.config_type, args.config, args.overrides)
+    if args.compilation_cache is not None:
+        cfg.train.compilation_cache = args.compilation_cache
     summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
     if summary["stopped_by"]:
         print(f"stopped by {summary['stopped_by']} after epoch {summary['last_epoch']}: checkpoint "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from annotated_types import Ge
 
@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-config", default=None, help="config.json (default: model.path/config.json)")
     parser.add_argument("--prompt-tokens", type=field_flag("jaxcore.runtime.config.RolloutConfig", "max_prompt_length"),
                         default=None,
-                        help="longest prompt in tokens (default: rollout.max_prompt_length, else 128)")
+                        help="longest prompt in tokens (default: measured on the task's training prompts with "
+                             "model.path's tokenizer, else rollout.max_prompt_length, else 128)")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --json file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -49,6 +50,23 @@ def trainer_type(path: str | None, overrides: list[str]) -> type:
     return GRPOTrainer if "grpo" in keys else ESTrainer
 
 
+def task_prompt_tokens(cfg: Any) -> int | None:
+    """The longest of the config's training prompts in tokens, as the run's check measures it (`plan_check.
+    measured_prompt_tokens`: chat template, system prompt, tools); None without a tokenizer at model.path."""
+    from jaxcore.agents import build_agent
+    from jaxcore.runtime.plan_check import measured_prompt_tokens
+    from jaxcore.runtime.runner import make_task
+
+    agent = build_agent(cfg.rollout, cfg.rewards)
+    try:
+        task = make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
+                         scored_by_environment=bool(agent is not None and agent.reward_names))
+        return measured_prompt_tokens(cfg, task, agent)
+    finally:
+        if agent is not None:
+            agent.close()
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -58,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxcore.model.config import config_from_hf
     from jaxcore.outputs import check_output, write_text
     from jaxcore.runtime.memory import refusal
-    from jaxcore.runtime.plan_check import hf_config_at, parse_bytes
+    from jaxcore.runtime.plan_check import hf_config_at, parse_bytes, prompt_tokens_of
 
     json_inputs = (args.config, args.model_config)
     if args.json:                                             # refused before any work: never over an input
@@ -83,13 +101,17 @@ def run(args: argparse.Namespace) -> int:
     name, size = algorithm.mesh_divisor(cfg)
     if size < 1 or args.devices % size:
         raise UserError(f"{name}={size} does not divide {args.devices} devices")
-    common = dict(devices=args.devices, device_memory=memory, prompt_tokens=args.prompt_tokens)
+    prompt_tokens = args.prompt_tokens or (None if args.model_config else task_prompt_tokens(cfg))
+    common = dict(devices=args.devices, device_memory=memory, prompt_tokens=prompt_tokens)
     plan = algorithm.memory_plan(cfg, model_cfg, **common)
     print(plan.table())
+    planned_prompt = prompt_tokens_of(cfg, prompt_tokens)
+    print(f"{'prompt tokens':<24}{planned_prompt:10d}   (" + ("--prompt-tokens" if args.prompt_tokens else
+          "the longest training prompt" if prompt_tokens else "rollout.max_prompt_length or the default") + ")")
     reason = refusal(plan)
     if reason:
         print(reason)
-    out = {**plan.to_json()}
+    out = {**plan.to_json(), "prompt_tokens": planned_prompt}
     largest = algorithm.largest_fitting(cfg, model_cfg, **common) if memory is not None else None
     if largest is not None:
         setting, best = largest

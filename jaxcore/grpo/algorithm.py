@@ -48,6 +48,15 @@ def completion_width(lengths_B: np.ndarray, max_new_tokens: int) -> int:
     return min(bucket, max_new_tokens)
 
 
+def prompt_width(mask_BP: np.ndarray) -> int:
+    """The prompt columns a train step sees: the longest real prompt rounded up to a multiple of a quarter of
+    the next power of two, at least 4 (widths 4, 8, 12, 16, 24, 32, 48, 64, 96, ...: two per doubling above
+    16), so the left padding the step pays for stays small and a run compiles a handful of prompt widths."""
+    longest = int(np.max(np.asarray(mask_BP).sum(-1), initial=1))
+    step = max(4, (1 << max(longest - 1, 0).bit_length()) // 4)
+    return -(-longest // step) * step
+
+
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:
     """The combined reward per completion, NaN where no function scored it (as in TRL: such a completion
     is left out of its group's mean/std and gets advantage 0). Samples that got the fallback count as
@@ -189,13 +198,18 @@ class GRPOAlgorithm(Algorithm):
         rewards), rewards combined by `advantage_rewards`."""
         return score_rows(result, row_examples, self.tokenizer, scorer,
                           combined=lambda scores: advantage_rewards(scores, scorer.fallback),
-                          extra=None if episodes is None else episodes.env_rewards)
+                          extra=None if episodes is None else episodes.env_rewards,
+                          environments=None if episodes is None else episodes.instances)
 
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray,
                    tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:
         """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`. `ids`/`mask`
-        are per prompt, or (with a multi-turn rollout's `tool_mask_BC`, 0 on tool tokens) per row already."""
+        are per prompt, or (with a multi-turn rollout's `tool_mask_BC`, 0 on tool tokens) per row already. The
+        step sees no padded work beyond the buckets: prompts cut to `prompt_width`, completions to
+        `completion_width` (the rollout's own prompt bucket is generate's)."""
         g = self.cfg.rollout.generations_per_prompt if tool_mask_BC is None else 1
+        keep = min(prompt_width(mask), ids.shape[1])     # left padding: the columns dropped are padding only
+        ids, mask = ids[:, ids.shape[1] - keep:], mask[:, mask.shape[1] - keep:]
         tokens, lengths = rows.gather_rows(result.tokens), rows.gather_rows(result.lengths)
         width = completion_width(lengths, tokens.shape[1])      # no padded work past the longest completion
         tokens = tokens[:, :width]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import jax
+
 from jaxcore.errors import UserError
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.peft import target_paths
@@ -29,12 +31,35 @@ GRPO_ADVICE = {
     "reference model": "set grpo.beta=0, raise grpo.fsdp or use grpo.lora (its reference is the base)",
     "gradients": "raise grpo.fsdp or train LoRA adapters (grpo.lora)",
     "kv cache": "lower rollout.prompts_per_epoch, rollout.generations_per_prompt or rollout.max_new_tokens "
-                "(or the prompt length), or use more devices",
+                "(rollout.max_episode_tokens with tools) or the prompt length, or use more devices",
     "generation activations": "lower rollout.prompts_per_epoch or rollout.generations_per_prompt",
     "activations": "raise grpo.steps_per_generation / grpo.gradient_accumulation_steps (smaller micro-batches), "
-                   "set model.remat=true, or lower rollout.max_new_tokens",
+                   "set model.remat=true, or lower rollout.max_new_tokens (rollout.max_episode_tokens with tools)",
     "scoring activations": "raise grpo.steps_per_generation or lower rollout.prompts_per_epoch",
 }
+
+
+CPU_ACTIVATIONS_ADVICE = ("raise grpo.steps_per_generation / grpo.gradient_accumulation_steps (smaller "
+                          "micro-batches) or lower rollout.max_new_tokens (rollout.max_episode_tokens with tools) or "
+                          "the prompt length (model.remat saves no memory on CPU)")
+
+
+def remat_saves() -> bool:
+    """Whether model.remat lowers the train step's memory on this backend. Not on CPU: XLA:CPU schedules each
+    block's recomputation with the forward, so its temp bytes are those without remat (measured: SmolLM2-135M,
+    16 rows of 624 tokens, 34.4 GB with remat, 36.3 GB without)."""
+    return jax.default_backend() != "cpu"
+
+
+def saved_per_token(cfg: ModelConfig, seq: int, c: int) -> float:
+    """Bytes one layer keeps for the backward per token of a `seq`-token row (compute dtype of `c` bytes): norms
+    (fp32 and compute), q/k/v, RoPE'd q/k (fp32), attention output, MLP input, gate/up/product; and per head
+    over the `seq` keys, the fp32 masked scores, the fp32 probabilities and the compute-dtype probabilities the
+    value product reads (XLA:CPU keeps three [B, H, T, S] arrays per layer at fp32, as measured)."""
+    d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    h, k = cfg.num_heads, cfg.num_kv_heads
+    return (c * (6 * d + 2 * h * e + 4 * k * e + 3 * f) + 4 * (2 * d + 2 * (h + k) * e)
+            + h * seq * (8 + c))
 
 
 def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
@@ -48,10 +73,13 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
               devices: int, fsdp: int = 1, compute_dtype: str = "float32", beta: float = 0.0,
               lora_rank: int | None = None, lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
               lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
-              accumulation: int = 1, scoring: bool = False, device_memory: float | None = None) -> MemoryPlan:
-    """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `micro_batches` is
-    TRL's steps_per_generation (each forward/backward sees rows / micro_batches); `scoring`: a forward
-    over the whole rollout for old or reference log-probs."""
+              accumulation: int = 1, scoring: bool = False, device_memory: float | None = None,
+              cache_tokens: int | None = None) -> MemoryPlan:
+    """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `max_new_tokens` is the
+    completion's length (a multi-turn episode's: `RolloutConfig.completion_tokens`), `cache_tokens` the KV-cache
+    slots after the prompt (default: as many); `micro_batches` is TRL's steps_per_generation (each
+    forward/backward sees rows / micro_batches); `scoring`: a forward over the whole rollout for old or
+    reference log-probs."""
     shapes = param_shapes(cfg)
     c = itemsize(compute_dtype, "model.dtype")
     base_bytes = itemsize(lora_base_dtype, "grpo.lora.base_dtype") if lora_rank and lora_base_dtype else 4
@@ -70,38 +98,39 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
     t_prompt = bucket_length(prompt_tokens)
     seq = t_prompt + max_new_tokens
     rows = math.ceil(prompts * generations / (devices * micro_batches))
-    d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    # saved for the backward per token per layer: norms (fp32 and compute), q/k/v, RoPE'd q/k (fp32),
-    # attention output, MLP input, gate/up/product; and the [H, T, T] fp32 attention probabilities
-    per_token = c * (6 * d + 2 * cfg.num_heads * e + 4 * cfg.num_kv_heads * e + 3 * f) + 4 * (2 * d + 2 * (
-        cfg.num_heads + cfg.num_kv_heads) * e) + cfg.num_heads * seq * (4 + c)
-    if remat:       # only each block's input is kept; one block is recomputed at a time
-        saved = rows * seq * (cfg.num_layers * d * c + per_token)
+    per_token = saved_per_token(cfg, seq, c)
+    if remat and remat_saves():     # only each block's input is kept; one block is recomputed at a time
+        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + per_token)
     else:
         saved = rows * seq * cfg.num_layers * per_token
-    logits = 3 * rows * seq * cfg.vocab_size * 4           # fp32 logits, log-softmax, their gradient
+    # the LM head runs only at the completion positions: fp32 logits, their exponential and their gradient
+    logits = 3 * rows * max_new_tokens * cfg.vocab_size * 4
     score_rows = gen_rows if scoring else 0
     terms = {"master weights": base + adapters, "compute weights": gathered, "optimizer state": moments,
              "reference model": reference,
-             "kv cache": kv_cache_bytes(cfg, gen_rows, seq, c),
+             "kv cache": kv_cache_bytes(cfg, gen_rows, t_prompt + (cache_tokens or max_new_tokens), c),
              "generation activations": prefill_activation_bytes(cfg, gen_rows, t_prompt, c),
              "gradients": trainable * (2 if accumulation > 1 else 1),
              "activations": saved + logits,
-             "scoring activations": 2 * score_rows * seq * cfg.vocab_size * 4 + score_rows * seq * per_token}
+             "scoring activations": 2 * score_rows * max_new_tokens * cfg.vocab_size * 4
+                                    + score_rows * seq * per_token}
     phases = {"generation": ("kv cache", "generation activations"), "training": ("gradients", "activations"),
               "scoring": ("scoring activations",)}
-    return MemoryPlan(terms, devices, 1, device_memory, 0, phases, "grpo",
-                      f"data={devices // fsdp} fsdp={fsdp}", dict(GRPO_ADVICE))
+    advice = {**GRPO_ADVICE, **({} if remat_saves() else {"activations": CPU_ACTIVATIONS_ADVICE})}
+    return MemoryPlan(terms, devices, 1, device_memory, 0, phases, "grpo", f"data={devices // fsdp} fsdp={fsdp}",
+                      advice)
 
 
 def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
              prompt_tokens: int | None = None, prompts: int | None = None) -> MemoryPlan:
-    """`plan_grpo` for a `jaxcore grpo` job config (`GRPOConfig`): micro-batches are its steps_per_generation,
+    """`plan_grpo` for a `jaxcore grpo` job config (`GRPOConfig`): completions as long as a rollout row's can be
+    (`rollout.completion_tokens`: with tools, a whole episode), micro-batches are its steps_per_generation,
     and the whole rollout is scored for reference log-probs (beta) or old ones from the learner's forward."""
     g, r = grpo_cfg.grpo, grpo_cfg.rollout
     lora = g.lora
     return plan_grpo(model_cfg, prompts=prompts or r.prompts_per_epoch, generations=r.generations_per_prompt,
-                     prompt_tokens=prompt_tokens_of(grpo_cfg, prompt_tokens), max_new_tokens=r.max_new_tokens,
+                     prompt_tokens=prompt_tokens_of(grpo_cfg, prompt_tokens), max_new_tokens=r.completion_tokens,
+                     cache_tokens=r.cache_tokens,
                      devices=devices, fsdp=g.fsdp, compute_dtype=grpo_cfg.model.dtype, beta=g.beta,
                      lora_rank=lora.rank if lora else None,
                      lora_targets=tuple(lora.target_modules) if lora else (),

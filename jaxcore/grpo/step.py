@@ -32,7 +32,7 @@ from flax import nnx
 
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.loss import grpo_loss, masked_mean
-from jaxcore.inference.logprobs import token_entropy, token_logprobs
+from jaxcore.inference.logprobs import token_logprobs_and_entropy
 from jaxcore.model.transformer import Transformer
 from jaxcore.runtime.optim import all_finite, make_schedule
 
@@ -116,17 +116,14 @@ def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Arr
     """Log-prob of every next token and the entropy there (differentiated only with `entropy_grad`), at the
     positions from `start` on: two [B, T-1-start] arrays (position t scores token t + 1).
 
-    The hidden states before `start` (the prompt's) never reach the LM head. The [B, T', V] logits are never
-    sliced (that would cost a copy forward and a pad backward): the last position scores a dummy target and
-    is dropped from the small [B, T'] results.
+    The last token scores nothing and attention is causal, so the forward runs on the first T - 1 tokens (the
+    same numbers at every position it keeps), and the hidden states before `start` (the prompt's) never reach
+    the LM head: the head, log-softmax and entropy run at exactly the T-1-start scoring positions.
     """
-    logits_BTV = model(input_ids_BT, attention_mask=attention_mask_BT, logits_from=start)
+    logits_BLV = model(input_ids_BT[:, :-1], attention_mask=attention_mask_BT[:, :-1], logits_from=start)
     if temperature != 1.0:
-        logits_BTV = logits_BTV / temperature
-    targets_BT = jnp.pad(input_ids_BT[:, start + 1:], ((0, 0), (0, 1)))
-    logp_BT = token_logprobs(logits_BTV, targets_BT)
-    entropy_BT = token_entropy(logits_BTV if entropy_grad else jax.lax.stop_gradient(logits_BTV))
-    return logp_BT[:, :-1], entropy_BT[:, :-1]
+        logits_BLV = logits_BLV / temperature
+    return token_logprobs_and_entropy(logits_BLV, input_ids_BT[:, start + 1:], entropy_grad=entropy_grad)
 
 
 def loss_mask(batch: GRPOBatch, mask_truncated_completions: bool) -> Array:
@@ -141,7 +138,8 @@ def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
                     num_items_in_batch: Array | None = None, accumulation_steps: int = 1
                     ) -> tuple[Array, dict[str, Array]]:
     """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`: the loss settings
-    are `cfg.grpo`, the log-probs at the rollout's temperature, and dr_grpo's normaliser its max_new_tokens.
+    are `cfg.grpo`, the log-probs at the rollout's temperature, and dr_grpo's normaliser its
+    `completion_tokens` (TRL's max_completion_length: a multi-turn episode's max_episode_tokens).
     The prompt positions are masked out of every term, so dropping them (`completion_start`) changes no number."""
     g, s = cfg.grpo, batch.completion_start         # only positions from s on can score completion tokens
     mask_BL = loss_mask(batch, g.mask_truncated_completions)[:, s:]
@@ -151,7 +149,7 @@ def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
     ref_logp_BL = batch.ref_logp_BL[:, s:] if g.beta != 0.0 else None
     loss, metrics = grpo_loss(logp_BL, old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,
                               num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps,
-                              max_completion_length=cfg.rollout.max_new_tokens)
+                              max_completion_length=cfg.rollout.completion_tokens)
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)
     return loss, metrics
 
@@ -230,6 +228,8 @@ def make_train_step(build: Builder, cfg: GRPOConfig, optimizer: optax.GradientTr
                   & all_finite(params))
         metrics["skipped"] = (~finite).astype(jnp.float32)
         new_state = TrainState(state.step + 1, params, opt_state)
-        return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state), metrics
+        # A cond, not a select per array: XLA would copy the chain of one `and` per array that makes `finite` into
+        # the select of every state array (O(arrays^2) scalar ops, ~450k at 30 layers: minutes of compilation).
+        return jax.lax.cond(finite, lambda: new_state, lambda: state), metrics
 
     return step

@@ -4,6 +4,7 @@ length, evaluation, checkpoints and logging. Each is declared once here; the ES 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from typing import Annotated, Literal
@@ -54,6 +55,33 @@ class RolloutConfig(SamplingConfig, PromptLimitConfig):
     environment_factory: str | dict[str, str] | None = None
     max_tool_calling_iterations: Annotated[int, Ge(0)] | None = None
     max_episode_tokens: Annotated[int, Ge(1)] = 256
+    # tools / an environment given to the Python API (callables: no config values, so no field; `with_agent`)
+    python_agent: typing.ClassVar[bool] = False
+
+    @property
+    def multi_turn(self) -> bool:
+        """Every rollout row is a multi-turn episode (`jaxcore.agents`): tools or an environment are configured
+        here, or were given to the Python API (`with_agent`)."""
+        return bool(self.tools or self.environment_factory or self.python_agent)
+
+    @property
+    def completion_tokens(self) -> int:
+        """The longest completion of a row: a whole episode (`max_episode_tokens`: generated tokens and tool
+        results) in a multi-turn rollout, else `max_new_tokens`. TRL's `max_completion_length` (dr_grpo's
+        normaliser; the memory planners' completion length)."""
+        return self.max_episode_tokens if self.multi_turn else self.max_new_tokens
+
+    @property
+    def cache_tokens(self) -> int:
+        """KV-cache slots after the prompt: `completion_tokens`, plus one turn's slots in a multi-turn rollout
+        (the room `jaxcore.agents`' cache keeps for the rows that wait while others call tools)."""
+        return self.completion_tokens + (self.max_new_tokens if self.multi_turn else 0)
+
+    def with_agent(self) -> RolloutConfig:
+        """A copy that is `multi_turn` although its tools / environment come from the Python API."""
+        out = copy.copy(self)
+        out.python_agent = True
+        return out
 
 
 @dataclasses.dataclass
@@ -70,5 +98,8 @@ class TrainConfig(Checked):
     max_to_keep: Annotated[int, Ge(1)] = 3
     max_bad_steps: Annotated[int, Ge(1)] = 3  # consecutive NaN/Inf steps before stopping
     export_hf: bool = True              # write out_dir/final_hf at the end
+    # compiled programs kept for later runs (`jaxcore.runtime.compile_cache`): a directory, or "off";
+    # the environment variable JAXCORE_COMPILATION_CACHE overrides it
+    compilation_cache: str = "~/.cache/jaxcore/xla"
     tensorboard: bool = True
     progress: bool = True

@@ -26,8 +26,13 @@ GRPO on a (data, fsdp) mesh (D devices, F = grpo.fsdp; parameters FSDP over F, r
   reference model    beta != 0 without LoRA: a frozen fp32 copy, FSDP over F (LoRA: the base, no copy)
   kv cache, generation activations   (generation) rows P*G/D
   gradients, activations             (training) g (twice with gradient accumulation); per micro-batch of
-                     P*G/(D*steps_per_generation) rows, every layer's saved tensors (model.remat: only
-                     each layer's input plus one layer) and the fp32 logits, log-softmax and their gradient
+                     P*G/(D*steps_per_generation) rows, every layer's saved tensors, three [H, T, T] attention
+                     arrays among them (model.remat: only each layer's input plus one layer; not on CPU, where
+                     XLA schedules the recomputation with the forward), and at the completion positions only
+                     the fp32 logits, their exponential and their gradient
+  prompt length      given (`jaxcore plan --prompt-tokens`), else the longest of the task's training prompts as
+                     the rollout renders them (`plan_check.measured_prompt_tokens`), else rollout.max_prompt_length,
+                     else 128
   scoring activations                (scoring) old/reference log-probs over the whole rollout
 """
 

@@ -3,6 +3,7 @@ itself is the algorithm's: `Algorithm.memory_plan`), and the helpers `jaxcore pl
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from jaxcore.hf.model_checkpoint import read_meta
 from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.memory import DEFAULT_PROMPT_TOKENS, refusal
+
+PROMPT_SAMPLE = 64            # training prompts measured for the length to plan for
 
 
 def parse_bytes(text: str) -> float:
@@ -32,8 +35,41 @@ def parse_bytes(text: str) -> float:
 
 
 def prompt_tokens_of(job_cfg: Any, prompt_tokens: int | None = None) -> int:
-    """The prompt length to plan for: given, else rollout.max_prompt_length, else 128."""
+    """The prompt length to plan for: given (e.g. `measured_prompt_tokens`), else rollout.max_prompt_length,
+    else 128."""
     return prompt_tokens or job_cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
+
+
+def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer_dir: str | None = None
+                           ) -> int | None:
+    """The longest of the first `PROMPT_SAMPLE` training prompts in tokens, rendered as the rollout renders them
+    (chat template and rollout.system_prompt; with an `agent`, the tools' description: one environment instance
+    per environment name, never reset, so a reset's text is not counted), at most rollout.max_prompt_length;
+    None without tokenizer files (`tokenizer_dir`, else model.path) or examples."""
+    from jaxcore.hf.tokenization import encode_prompts, load_tokenizer
+
+    r = job_cfg.rollout
+    source = tokenizer_dir or job_cfg.model.path
+    if not source or not any((Path(source) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    count = task.num_examples("train")
+    examples = task.examples("train", PROMPT_SAMPLE if count is None else min(PROMPT_SAMPLE, count),
+                             job_cfg.train.seed)
+    if not examples:
+        return None
+    tokenizer = load_tokenizer(source)
+    if agent is None:
+        lengths = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template=r.chat_template,
+                                 system=r.system_prompt)[1].sum(1)
+    else:
+        envs = agent.environments
+        named = {} if envs is None else {envs.name_of(e): e for e in reversed(examples)}     # one row per name
+        instance = dict(zip(named, envs.instances(list(named.values())))) if envs is not None else {}
+        texts = [agent.prompt_text(tokenizer, e, None, instance.get(envs.name_of(e)) if envs is not None else None,
+                                   r.system_prompt) for e in examples]
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    longest = int(max(lengths))
+    return min(longest, r.max_prompt_length) if r.max_prompt_length else longest
 
 
 def hf_config_at(path: str | Path) -> dict[str, Any] | None:
@@ -54,14 +90,32 @@ def accelerator_memory() -> float | None:
     return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
+def host_memory() -> float | None:
+    """The host's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_memory() -> float | None:
+    """One device's memory: the accelerator's limit; on CPU backends the host's physical memory shared by its
+    CPU devices (XLA:CPU has no limit of its own: a run that cannot fit dies on the allocation)."""
+    memory = accelerator_memory()
+    if memory is not None or jax.default_backend() != "cpu":
+        return memory
+    host = host_memory()
+    return None if host is None else host / jax.local_device_count()
+
+
 def check_fits(job_cfg: Any, algorithm: type[Algorithm], model_cfg: ModelConfig | None = None,
                prompt_tokens: int | None = None) -> str | None:
     """The refusal line when the configured run cannot fit its devices, else None. Needs only the model's
     config (`model_cfg`, else model.path's config.json) and the job config, so it runs before any weight is
     read. Device memory: the algorithm's configured one (ES: `mesh.device_memory`), else the accelerator's
-    own limit; CPU backends are not checked otherwise."""
+    own limit, else (CPU backends) the host's memory over its CPU devices (`device_memory`)."""
     configured = algorithm.device_memory(job_cfg)
-    memory = parse_bytes(configured) if configured else accelerator_memory()
+    memory = parse_bytes(configured) if configured else device_memory()
     divisor = algorithm.mesh_divisor(job_cfg)[1]
     if memory is None or divisor < 1 or jax.device_count() % divisor:
         return None               # the mesh builder names a bad divisor

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 HARMLESS_PREFIXES = ("train.out_dir", "train.eval_every", "train.eval_prompts", "train.eval_batch_size",
                      "train.checkpoint_every", "train.max_to_keep", "train.max_bad_steps", "train.export_hf",
-                     "train.tensorboard", "train.progress", "rewards.num_workers", "rewards.timeout_s", "model.remat",
+                     "train.tensorboard", "train.progress", "train.compilation_cache", "rewards.num_workers",
+                     "rewards.timeout_s", "model.remat",
                      "distributed.",
                      "mesh.")          # a mesh shape (or device count) change reshards the checkpoint; math unchanged
 # Not harmless: rewards.functions/weights/fallback (the fitness itself), model.path (the reference model and,

@@ -15,6 +15,8 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import signal
 import sys
@@ -39,12 +41,13 @@ from jaxcore.parallel.meshes import maybe_initialize_distributed
 from jaxcore.parallel.rows import gather_rows
 from jaxcore.rewards import Example, Scorer, Task, TaskError, get_task
 from jaxcore.rewards.user_functions import task_with_rewards
+from jaxcore.runtime import compile_cache
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.config import RolloutConfig
 from jaxcore.runtime.metrics import MetricsLogger, plot_rewards, read_metrics
 from jaxcore.runtime.optim import check_learning_rate
-from jaxcore.runtime.plan_check import check_fits
+from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
 
@@ -116,7 +119,8 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
             episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=None, eos_token_ids=eos_token_ids,
                                     pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
             result = episodes.result
-            scores = score_rows(result, rows, tokenizer, scorer, extra=episodes.env_rewards)
+            scores = score_rows(result, rows, tokenizer, scorer, extra=episodes.env_rewards,
+                                environments=episodes.instances)
             episode_metrics.append(episodes.metrics())
         rewards.append(scores.rewards_B[:count])
         for name, values in scores.per_function.items():
@@ -143,14 +147,18 @@ def _row_shards(row_sharding: Any) -> int:
 
 
 def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None,
-              timeout_s: float | None = None) -> Any:
+              timeout_s: float | None = None, *, scored_by_environment: bool = False) -> Any:
     """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
 
     `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
     task's rewards; their probe calls are limited to `timeout_s` (default: `rewards.timeout_s`'s default).
+    `scored_by_environment` (an environment defines `get_reward`, TRL's reward source that makes reward
+    functions optional): a file task with neither `functions` nor `task.options.reward` then has no reward
+    functions of its own (not the default exact_match) and needs no answer column.
     """
     options = dict(section.options)
-    if functions and section.name == "file":
+    environment_only = scored_by_environment and not functions and section.name == "file" and "reward" not in options
+    if (functions or environment_only) and section.name == "file":
         options.setdefault("require_answer", False)
     try:
         task = get_task(section.name, **options)
@@ -160,6 +168,8 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
         if isinstance(err, (TaskConfigError, TaskError)):
             raise
         raise TaskConfigError(str(err)) from err
+    if environment_only:
+        return dataclasses.replace(task, reward_fns={}, reward_weights={})
     if not functions:
         return task
     return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)))
@@ -335,7 +345,7 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
 
 
 def run_training(cfg: Any, algorithm: type[Algorithm],
-                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[[], Any] | None = None,
+                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[..., Any] | None = None,
                  model: Any = None, tokenizer_dir: str | None = None, tools: Sequence[Any] = (),
                  environment_factory: Any = None) -> dict[str, Any]:
     """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
@@ -344,20 +354,24 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
 
     The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
     the task and loading a model; it is held through the export and released on every exit.
-    `build_task` (called under the lock; default: the config's task) and an already loaded `model` (with
-    `tokenizer_dir`), and `tools` / `environment_factory` (added to `rollout.tools` / replacing
-    `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`) come from the Python API
+    `build_task` (called under the lock with `scored_by_environment=`, see `make_task`; default: the config's
+    task) and an already loaded `model` (with `tokenizer_dir`), and `tools` / `environment_factory` (added to
+    `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`) come from
+    the Python API
     (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an
     algorithm setting the algorithm rejects with ValueError) is a one-line `UserError`.
     """
     check_run_outputs(cfg, resume)                # before the lock creates out_dir: one line, nothing written
+    compile_cache.enable(cfg.train.compilation_cache)   # before anything compiles
     d = cfg.distributed
     if d.coordinator:                           # first: the lock's name depends on the process index
         maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
     lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
     with OutDirLock(cfg.train.out_dir, lock_name):
-        return _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
-                                  tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory)
+        summary = _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
+                                     tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory)
+    compile_cache.log_stats()
+    return summary
 
 
 def check_run_outputs(cfg: Any, resume: bool) -> None:
@@ -380,15 +394,37 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
 
 
 def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
-                       allow_changes: bool, *, build_task: Callable[[], Any] | None, model: Any,
+                       allow_changes: bool, *, build_task: Callable[..., Any] | None, model: Any,
                        tokenizer_dir: str | None, tools: Sequence[Any] = (),
                        environment_factory: Any = None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
+    if (tools or environment_factory is not None) and not cfg.rollout.multi_turn:
+        cfg = copy.copy(cfg)                # the caller's config stays as it was
+        cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
     if not resume:
         refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
-    task = build_task() if build_task is not None else make_task(cfg.task, cfg.rewards.functions,
-                                                                    cfg.rewards.weights, cfg.rewards.timeout_s)
-    reason = check_fits(cfg, algorithm_type, model.config if model is not None else None)   # config.json only
+    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory)
+    try:
+        return _train_export(cfg, algorithm_type, resume, allow_changes, agent, build_task=build_task, model=model,
+                             tokenizer_dir=tokenizer_dir)
+    finally:
+        if agent is not None:
+            agent.close()                       # the tools' worker processes
+
+
+def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow_changes: bool, agent: Any, *,
+                  build_task: Callable[..., Any] | None, model: Any, tokenizer_dir: str | None) -> dict[str, Any]:
+    """`_load_train_export` once the run's `agent` (tools, environments; None for a single-turn run) is built: the
+    task (reward functions optional when an environment scores, as in TRL), the model, the training, the export."""
+    scored_by_environment = bool(agent is not None and agent.reward_names)
+    task = (build_task(scored_by_environment=scored_by_environment) if build_task is not None else
+            make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
+                      scored_by_environment=scored_by_environment))
+    if not task.reward_fns and not scored_by_environment:
+        raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
+                        "environment_factory whose environment defines get_reward()")
+    reason = check_fits(cfg, algorithm_type, model.config if model is not None else None,   # config.json only
+                        measured_prompt_tokens(cfg, task, agent, tokenizer_dir))
     if reason:
         raise UserError(reason)
     if model is None:
@@ -403,18 +439,13 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
     tokenizer = tokenization.load_tokenizer(tok_dir)
     eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
     base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
-    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory)
     try:
         algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos, **({"agent": agent} if agent else {}))
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    try:
-        summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
-            resume=resume, allow_changes=allow_changes)
-    finally:
-        if agent is not None:
-            agent.close()                       # the tools' worker processes
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
+        resume=resume, allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
         final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
         if jax.process_index() == 0:

@@ -11,7 +11,10 @@ epoch during which it happened.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +26,7 @@ import pytest
 from jaxcore.cli import main
 from jaxcore.grpo.algorithm import GRPOAlgorithm, completion_width
 from jaxcore.inference.generate import GenerationResult
+from jaxcore.runtime import compile_cache
 from jaxcore.runtime import metrics as metrics_module
 from jaxcore.runtime import runner as runner_module
 from tests.cli_runs import es_args, grpo_args
@@ -110,10 +114,18 @@ def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, mo
 def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path, monkeypatch):
     """Five GRPO epochs whose longest completions are 3, 5, 2, 9 and 4 tokens (max_new_tokens 16; a tiny random
     model rarely samples EOS, so each epoch's sampled completions are cut to that length, as an EOS would): an
-    epoch compiles only when its completions fall in a bucket no earlier epoch used (widths 4, 8, 4, 16, 4), then
-    a few programs for it, and an epoch in a known bucket compiles nothing."""
+    epoch compiles only when its batch falls in a (prompt width, completion width) bucket no earlier epoch used
+    (completion widths 4, 8, 4, 16, 4; prompt widths from `prompt_width`), then a few programs for it, and an
+    epoch in a known bucket compiles nothing."""
     max_new, longest = 16, (3, 5, 2, 9, 4)
-    sample = GRPOAlgorithm.rollout
+    sample, make_batch = GRPOAlgorithm.rollout, GRPOAlgorithm.make_batch
+    shapes: list[tuple[int, int]] = []       # (prompt columns, completion columns) of each epoch's train step
+
+    def make_batch_seen(self, *args, **kwargs):
+        batch = make_batch(self, *args, **kwargs)
+        prompt = batch.completion_start + 1
+        shapes.append((prompt, batch.input_ids_BT.shape[1] - prompt))
+        return batch
 
     def rollout_cut(self, epoch: int, ids, mask) -> GenerationResult:
         result = sample(self, epoch, ids, mask)
@@ -124,6 +136,7 @@ def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path,
                                 result.finished | (result.lengths > lengths_B))
 
     monkeypatch.setattr(GRPOAlgorithm, "rollout", rollout_cut)
+    monkeypatch.setattr(GRPOAlgorithm, "make_batch", make_batch_seen)
     with compile_log(monkeypatch) as log:
         code = main(["grpo", *grpo_args(tiny_dir("llama"), tmp_path / "grpo", f"train.epochs={EPOCHS}",
                                         f"rollout.max_new_tokens={max_new}", "rollout.temperature=1.0",
@@ -132,13 +145,60 @@ def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path,
     assert len(log.logged) == EPOCHS
     assert [int(m["completions/max_length"]) for m in log.logged] == list(longest)
     widths = [completion_width(np.array([n]), max_new) for n in longest]
-    assert widths == [4, 8, 4, 16, 4]
+    assert widths == [4, 8, 4, 16, 4] == [c for _, c in shapes]
+    assert any(shapes[e] in shapes[:e] for e in range(1, EPOCHS)), shapes     # a known bucket is exercised
     assert [name for epoch, name in log.events if epoch == 0], "the first epoch compiled nothing: not counting?"
     for epoch in range(1, EPOCHS):
         compiled = [name for e, name in log.events if e == epoch]
-        if widths[epoch] not in widths[:epoch]:
-            # the train step and the forwards over the new width; never generation or scoring again
-            assert 1 <= len(compiled) <= 3, (epoch, widths, compiled)
+        if shapes[epoch] not in shapes[:epoch]:
+            # the train step and the forwards over the new widths; never generation or scoring again
+            assert 1 <= len(compiled) <= 3, (epoch, shapes, compiled)
         else:
-            assert compiled == [], (epoch, widths, compiled)
+            assert compiled == [], (epoch, shapes, compiled)
     assert log.saves == EPOCHS and log.after_first_save() == []
+
+
+CACHE_LINE = re.compile(r"compilation cache (\S+): (\d+) programs loaded, (\d+) written")
+
+
+def test_a_rerun_loads_its_programs_from_the_compilation_cache(tiny_dir, tmp_path):
+    """Two processes run the same one-epoch `jaxcore grpo` job with `--compilation-cache DIR`: the first compiles
+    and writes every program to DIR, the second loads every one of them from it and compiles nothing (counted by
+    JAX's own cache events). JAX writes only programs that took `jax_persistent_cache_min_compile_time_secs`
+    to compile (default 1 s); the tiny model's take less, so the threshold is 0 here."""
+    cache = tmp_path / "xla"
+    env = {k: v for k, v in os.environ.items() if k != compile_cache.ENV}      # the tests' "off" would win
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    counts = []
+    for run in ("first", "second"):
+        args = grpo_args(tiny_dir("llama"), tmp_path / run, "train.epochs=1", "train.eval_every=-1",
+                         "train.export_hf=false")
+        done = subprocess.run([sys.executable, "-m", "jaxcore.cli", "grpo", "--compilation-cache", str(cache), *args],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = CACHE_LINE.findall(done.stderr)
+        assert len(found) == 1 and found[0][0] == str(cache), done.stderr[-2000:]
+        counts.append((int(found[0][1]), int(found[0][2])))
+    (loaded_1, written_1), (loaded_2, written_2) = counts
+    assert loaded_1 == 0 and written_1 > 0
+    assert compile_cache.entries(str(cache)) == written_1
+    assert (loaded_2, written_2) == (written_1, 0)
+
+
+def test_the_cache_setting(monkeypatch, tmp_path):
+    """The environment variable overrides the setting; "off" turns the cache off; the default directory is under
+    ~/.cache/jaxcore unless JAX was given one (the tests' environment turns the cache off)."""
+    assert compile_cache.resolve(str(tmp_path)) is None                  # the tests' JAXCORE_COMPILATION_CACHE=off
+    monkeypatch.delenv(compile_cache.ENV)
+    assert compile_cache.enable("off") is None and not jax.config.jax_compilation_cache_dir
+    assert compile_cache.resolve(str(tmp_path)) == str(tmp_path)
+    assert compile_cache.resolve("off") is None
+    assert compile_cache.resolve(None) == os.path.expanduser("~/.cache/jaxcore/xla")
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))     # as JAX_COMPILATION_CACHE_DIR would
+    try:
+        assert compile_cache.resolve(None) == str(tmp_path / "jax")
+        assert compile_cache.resolve(str(tmp_path)) == str(tmp_path)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "env"))
+    assert compile_cache.resolve("off") == str(tmp_path / "env")

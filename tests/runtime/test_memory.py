@@ -9,6 +9,8 @@ lowered with abstract sharded inputs, so nothing is allocated):
 - master weights and compute weights: arguments and outputs of `compute_model`'s resharding program
 - gradient: the output of `estimate_gradient`; optimizer state: the arguments of `apply_update`
 - GRPO master weights + optimizer state: the arguments of the learner's train step on a (data, fsdp) mesh
+- GRPO's training peak (persistent terms + gradients + activations): never below XLA's arguments + temp +
+  unaliased outputs of the compiled step, and at most 1.3x them (remat off/on, 1 and 4 micro-batches)
 
 Looser, and said so: activations (the planner's prefill working set must bound XLA's temp bytes; CPU
 temps are for fp32 compute, since XLA:CPU upcasts bf16 dots and their weights to f32), update factors
@@ -32,7 +34,8 @@ from jaxcore.es import eggroll
 from jaxcore.es import memory as es_memory
 from jaxcore.es.population import MemberNoise, perturbed_model
 from jaxcore.grpo import memory as grpo_memory
-from jaxcore.inference.generate import _decode, _prefill, bucket_length
+from jaxcore.inference import generate as generation
+from jaxcore.inference.generate import bucket_length
 from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.config import config_from_hf
 from jaxcore.model.state import flat_state, variable_at
@@ -93,12 +96,12 @@ def test_generation_terms_match_xla_on_a_pop_model_mesh():
                                   prompt_tokens=prompt_tokens, max_new_tokens=new_tokens, devices=8, model_axis=2)
     weights = planned.terms["compute weights"] + planned.terms["factors"]
 
-    prefill = _prefill.lower(graphdef, state, ids, ids, cache_length=t + new_tokens).compile()
+    prefill = generation.prefill.lower(graphdef, state, ids, ids, cache_length=t + new_tokens).compile()
     stats = prefill.memory_analysis()
     ids_bytes = 2 * (rows // 4) * t * 4                      # ids and mask, rows over pop=4
     close(weights, stats.argument_size_in_bytes - ids_bytes)
-    out_logits, out_cache = jax.eval_shape(lambda s, i: _prefill(graphdef, s, i, i, cache_length=t + new_tokens),
-                                           state, ids)
+    out_logits, out_cache = jax.eval_shape(
+        lambda s, i: generation.prefill(graphdef, s, i, i, cache_length=t + new_tokens), state, ids)
     logits_sharding, cache_sharding = prefill.output_shardings
     assert cache_sharding.keys[0].spec == P(meshes.POP, meshes.MODEL)      # kv heads over "model"
     kv = per_device((out_cache.keys, out_cache.values), (cache_sharding.keys, cache_sharding.values))
@@ -108,8 +111,9 @@ def test_generation_terms_match_xla_on_a_pop_model_mesh():
     cache = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), out_cache, cache_sharding)
     logits = jax.ShapeDtypeStruct(out_logits.shape, out_logits.dtype, sharding=logits_sharding)
     positions = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row_sharding)
-    decode = _decode.lower(graphdef, state, cache, logits, positions, jnp.int32(t), jax.random.key(0),
-                           max_new_tokens=new_tokens, sampling=SamplingConfig(), eos_ids=(), pad_id=0).compile()
+    decode = generation.decode.lower(graphdef, state, cache, logits, positions, jnp.int32(t), jax.random.key(0),
+                                     max_new_tokens=new_tokens, sampling=SamplingConfig(), eos_ids=(),
+                                     pad_id=0).compile()
     stats = decode.memory_analysis()
     logits_bytes = per_device([out_logits], [logits_sharding])
     close(weights + planned.terms["kv cache"], stats.argument_size_in_bytes - logits_bytes)
@@ -124,8 +128,8 @@ def test_kv_cache_when_mesh_model_does_not_divide_the_kv_heads():
     pop, _ = sharded_population(cfg, mesh, 8, jnp.float32)
     graphdef, state = nnx.split(pop)
     ids = jax.ShapeDtypeStruct((16, 16), jnp.int32, sharding=NamedSharding(mesh, P(meshes.POP)))
-    prefill = _prefill.lower(graphdef, state, ids, ids, cache_length=32).compile()
-    _, cache = jax.eval_shape(lambda s, i: _prefill(graphdef, s, i, i, cache_length=32), state, ids)
+    prefill = generation.prefill.lower(graphdef, state, ids, ids, cache_length=32).compile()
+    _, cache = jax.eval_shape(lambda s, i: generation.prefill(graphdef, s, i, i, cache_length=32), state, ids)
     shardings = prefill.output_shardings[1]
     assert shardings.keys[0].spec in (P(meshes.POP), P(meshes.POP, None))
     kv = per_device((cache.keys, cache.values), (shardings.keys, shardings.values))
@@ -218,6 +222,40 @@ def test_grpo_terms_match_xla_on_an_fsdp_mesh(grpo_job):
         training, stats.temp_size_in_bytes)
 
 
+@pytest.mark.parametrize("remat,accumulation", [(False, 1), (True, 1), (False, 4), (True, 4)])
+def test_grpo_step_memory_bounds_xla(grpo_job, remat, accumulation):
+    """The planned training peak (persistent terms + gradients + activations) is never below what XLA plans for
+    the compiled train step (arguments + temp + the outputs not aliased to the donated state) and at most 1.3x
+    it: a tiny model shaped like SmolLM2 on the calculator job (prompts long against the width: the [B, H, T, T]
+    attention arrays dominate), the LM head at the completion positions only. Measured 1.06x / 1.22x without
+    remat and 1.11x / 1.27x with it (1 / 4 micro-batches); before, 0.71x and 0.92x with remat (XLA:CPU schedules
+    the recomputation with the forward: remat saves nothing there) and 1.30x without at 4 micro-batches (two
+    attention arrays per layer where XLA keeps three, and the logits over the prompt too)."""
+    from jaxcore.grpo.learner import GRPOLearner
+    from jaxcore.grpo.step import GRPOBatch
+    from jaxcore.model.transformer import create_model
+
+    cfg = llama8b(num_layers=3, hidden_size=64, intermediate_size=160, num_heads=4, num_kv_heads=2, head_dim=16,
+                  vocab_size=1000)
+    prompts, generations, prompt_tokens, new_tokens = 4, 4, 64, 32
+    job = grpo_job(max_completion_length=new_tokens, generations_per_prompt=generations,
+                   gradient_accumulation_steps=accumulation)
+    learner = GRPOLearner(create_model(cfg), job, remat=remat)
+    rows, length = prompts * generations, prompt_tokens + new_tokens
+    ints = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    batch = GRPOBatch(ints, ints, jax.ShapeDtypeStruct((rows, length - 1), jnp.int32),
+                      jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.bool_),
+                      completion_start=prompt_tokens - 1)
+    stats = learner._step.lower(learner.state, None, batch, jnp.float32(1.0), None).compile().memory_analysis()
+    xla = (stats.argument_size_in_bytes + stats.temp_size_in_bytes
+           + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+    planned = grpo_memory.plan_grpo(cfg, prompts=prompts, generations=generations, prompt_tokens=prompt_tokens,
+                                    max_new_tokens=new_tokens, devices=1, remat=remat, micro_batches=accumulation,
+                                    accumulation=accumulation)
+    training = planned.persistent + planned.phase_totals()["training"]
+    assert xla <= training <= 1.3 * xla, (training, xla, training / xla)
+
+
 def test_phases_peak_and_refusal_wording():
     planned = es_memory.plan_es(llama8b(), population=256, rank=1, prompts=16, generations=1, prompt_tokens=128,
                                   max_new_tokens=256, devices=8, compute_dtype="bfloat16", device_memory=40e9)
@@ -266,7 +304,7 @@ def test_plan_8b_on_eight_40gb_devices(tmp_path, capsys):
     assert fewer_prompts["fits"] is True
 
 
-def test_plan_grpo_config(tmp_path, capsys):
+def test_plan_grpo_config(tmp_path, capsys, monkeypatch):
     yaml = "model: {dtype: bfloat16}\ngrpo: {beta: 0.04}\nrollout: {prompts_per_epoch: 16, max_new_tokens: 256}\n"
     printed, plan = run_plan(tmp_path, capsys, yaml, "--devices", "8", "--device-memory", "40GB")
     assert plan["algorithm"] == "grpo" and plan["mesh"] == "data=8 fsdp=1"
@@ -281,8 +319,13 @@ def test_plan_grpo_config(tmp_path, capsys):
     _, lora = run_plan(tmp_path, capsys, yaml, "--devices", "8", "--device-memory", "40GB", *lora_fsdp)
     assert lora["terms_bytes"]["reference model"] == 0 and lora["terms_bytes"]["optimizer state"] < 1e8
     assert lora["fits"] is False and lora["biggest_term"] == "activations"
-    _, remat = run_plan(tmp_path, capsys, yaml, "--devices", "8", "--device-memory", "40GB", *lora_fsdp,
-                        "model.remat=true", "grpo.steps_per_generation=4")
+    remat_args = (*lora_fsdp, "model.remat=true", "grpo.steps_per_generation=4")
+    _, on_cpu = run_plan(tmp_path, capsys, yaml, "--devices", "8", "--device-memory", "40GB", *remat_args)
+    _, micro = run_plan(tmp_path, capsys, yaml, "--devices", "8", "--device-memory", "40GB", *remat_args[:-2],
+                        "grpo.steps_per_generation=4")
+    assert on_cpu["terms_bytes"]["activations"] == micro["terms_bytes"]["activations"]   # XLA:CPU: remat saves nothing
+    monkeypatch.setattr(grpo_memory, "remat_saves", lambda: True)          # planned for accelerators
+    _, remat = run_plan(tmp_path, capsys, yaml, "--devices", "8", "--device-memory", "40GB", *remat_args)
     assert remat["terms_bytes"]["activations"] < lora["terms_bytes"]["activations"] / 10
     assert remat["fits"] is True and remat["largest_prompts_per_epoch"] >= 16
 
@@ -307,6 +350,49 @@ def test_es_refuses_a_run_that_cannot_fit_before_loading(tiny_dir, tmp_path, cap
     code = main(["es", f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path}", "mesh.device_memory=1MB"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "biggest term is" in err[0] and "per device" in err[0], err
+
+
+def test_grpo_on_cpu_is_checked_against_the_host_memory(tiny_dir, tmp_path, capsys, monkeypatch):
+    """CPU devices have no memory limit of their own: the check uses the host's physical memory over the CPU
+    devices (before: nothing was checked on CPU, and a run that could not fit died in XLA's allocation)."""
+    no_loading(monkeypatch)
+    assert jax.default_backend() == "cpu" and plan_check.accelerator_memory() is None
+    assert plan_check.host_memory() > 1e8
+    monkeypatch.setattr(plan_check, "host_memory", lambda: 8e6)             # 1 MB per simulated device
+    assert plan_check.device_memory() == 8e6 / jax.local_device_count()
+    code = main(["grpo", f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "a device has 0.0 GB; the biggest term is" in err[0], err
+
+
+def test_the_check_plans_for_the_longest_training_prompt(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A conversation dataset without rollout.max_prompt_length: the check before a run measures the training
+    prompts as the rollout renders them (chat template, system prompt) instead of assuming 128 tokens, so a run
+    that fits only with 128-token prompts is refused before any weight is read (before: it started)."""
+    from jaxcore.config.yaml_config import load_config
+    from jaxcore.grpo.config import GRPOConfig
+    from jaxcore.runtime.runner import make_task
+
+    no_loading(monkeypatch)
+    data = tmp_path / "train.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": " ".join(["seven times eight"] * n)}], "answer": "56"}
+            for n in (3, 120, 10)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "eval.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    overrides = [f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path / 'out'}", "task.name=file",
+                 f"task.options={{path: {data}, eval_path: {tmp_path / 'eval.jsonl'}}}",
+                 "rollout.system_prompt=Answer with a number."]
+    cfg = load_config(GRPOConfig, None, overrides)
+    measured = plan_check.measured_prompt_tokens(cfg, make_task(cfg.task))
+    assert measured > 300                              # 360 words in one user turn, plus the template's tokens
+    model_cfg = config_from_hf(plan_check.hf_config_at(tiny_dir("llama")))
+    short, long = (grpo_memory.plan_job(cfg, model_cfg, devices=jax.device_count(), prompt_tokens=n).total
+                   for n in (None, measured))
+    assert short < long
+    monkeypatch.setattr(plan_check, "host_memory", lambda: (short + long) / 2 * jax.local_device_count())
+    code = main(["grpo", *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"this run needs {long / 1e9:.1f} GB per device" in err[0], err
 
 
 def test_grpo_refuses_a_run_that_cannot_fit_before_loading(tiny_dir, tmp_path, capsys, monkeypatch):

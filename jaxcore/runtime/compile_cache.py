@@ -1,0 +1,83 @@
+"""JAX's persistent compilation cache: compiled programs written to a directory and loaded by later processes, so a
+rerun or a resumed run does not compile its programs again (a GRPO train step at 135M takes minutes on a CPU).
+
+One setting, `train.compilation_cache` (a directory, or "off"), set by `--compilation-cache` on the command line;
+the environment variable `JAXCORE_COMPILATION_CACHE` (a directory, or "off") overrides it (CI, tests). The default,
+`~/.cache/jaxcore/xla`, is used unless JAX already has a cache directory of its own (`JAX_COMPILATION_CACHE_DIR`).
+JAX keys every entry by the program, the jax/jaxlib version, the backend and its flags, and XLA:CPU refuses an
+entry compiled for other CPU features (it compiles again), so one directory can serve every run of a user.
+
+    enable(cfg.train.compilation_cache)      # before the run compiles; later calls switch the directory
+    stats()                                  # {"dir", "entries_before", "warm", "hits", "misses"}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIR = "~/.cache/jaxcore/xla"
+ENV = "JAXCORE_COMPILATION_CACHE"
+OFF = ("off", "none", "false", "0", "")
+_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+_state: dict[str, Any] = {"dir": None, "entries_before": 0, "hits": 0, "misses": 0, "listening": False}
+
+
+def resolve(setting: str | None) -> str | None:
+    """The cache directory a run uses (None: off): `JAXCORE_COMPILATION_CACHE` if set, else `setting`; the default
+    directory gives way to a directory JAX was already given."""
+    chosen = os.environ.get(ENV, setting if setting is not None else DEFAULT_DIR)
+    if chosen.strip().lower() in OFF:
+        return None
+    if chosen == DEFAULT_DIR and jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    return str(Path(chosen).expanduser())
+
+
+def _count(event: str, **_: Any) -> None:
+    if event in _EVENTS and _state["dir"] is not None:
+        _state[_EVENTS[event]] += 1
+
+
+def entries(directory: str | None) -> int:
+    """Cache entries in `directory` (0 when it does not exist)."""
+    path = Path(directory) if directory else None
+    return sum(1 for p in path.iterdir() if p.name.endswith("-cache")) if path and path.is_dir() else 0
+
+
+def enable(setting: str | None) -> str | None:
+    """Use the cache directory `resolve(setting)` (or none) from the next compilation on, counting its hits and
+    misses from here; returns the directory."""
+    directory = resolve(setting)
+    if directory != jax.config.jax_compilation_cache_dir:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", directory)
+        compilation_cache.reset_cache()       # JAX decides once per process whether to use a cache: decide again
+    if not _state["listening"]:
+        jax.monitoring.register_event_listener(_count)
+        _state["listening"] = True
+    _state.update(dir=directory, entries_before=entries(directory), hits=0, misses=0)
+    if directory:
+        log.info("compilation cache %s (%d entries)", directory, _state["entries_before"])
+    return directory
+
+
+def stats() -> dict[str, Any]:
+    """The cache in use since `enable`: its directory (None: off), the entries it held then (`warm`: any), and the
+    compilations since loaded from it (hits) or written to it (misses)."""
+    return {"dir": _state["dir"], "entries_before": _state["entries_before"], "warm": _state["entries_before"] > 0,
+            "hits": _state["hits"], "misses": _state["misses"]}
+
+
+def log_stats() -> None:
+    """One log line: the programs this run loaded from the cache and wrote to it."""
+    s = stats()
+    if s["dir"]:
+        log.info("compilation cache %s: %d programs loaded, %d written", s["dir"], s["hits"], s["misses"])
