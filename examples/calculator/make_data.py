@@ -1,5 +1,6 @@
 """Write train.jsonl / eval.jsonl: "What is A * B?" (three-digit numbers, disjoint pairs), each prompt a
-conversation that shows one tool call first (the model has never seen the `<tool_call>` format)."""
+conversation that shows three exchanges first (a question, the `<tool_call>`, the tool's result, the answer):
+SmolLM2 has never seen the call format, and with one demonstration it rarely calls the tool at all."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-CALL = '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'
-DEMO = [{"role": "user", "content": "What is 12 * 34?"},
-        {"role": "assistant", "content": CALL},
-        {"role": "tool", "content": "408"},
-        {"role": "assistant", "content": "12 * 34 = 408"}]
+
+def exchange(a: int, b: int) -> list[dict]:
+    """One demonstrated question: the call, the tool's result, the answer."""
+    call = f'<tool_call>{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+    return [{"role": "user", "content": f"What is {a} * {b}?"}, {"role": "assistant", "content": call},
+            {"role": "tool", "content": str(a * b)}, {"role": "assistant", "content": f"{a} * {b} = {a * b}"}]
+
+
+DEMO = [*exchange(12, 34), *exchange(57, 81), *exchange(23, 46)]
 
 
 def rows(pairs: np.ndarray) -> list[dict]:
