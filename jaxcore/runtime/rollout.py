@@ -68,8 +68,10 @@ def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokeni
     (TRL's `environments=` of the reward functions; a process holds those of its own rows)."""
     rows, tokens = owned_rows(result.tokens)
     _, lengths = owned_rows(result.lengths)
-    scores = scorer.score(decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows],
-                          None if environments is None else [environments[i] for i in rows])
+    completions, examples = decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows]
+    # environments only when there are some: a Scorer subclass written before they existed keeps working
+    scores = (scorer.score(completions, examples) if environments is None else
+              scorer.score(completions, examples, environments=[environments[i] for i in rows]))
     scores = with_extra(scores, {name: np.asarray(values)[rows] for name, values in (extra or {}).items()})
     size = len(row_examples)
 
