@@ -50,7 +50,14 @@ from jaxcore.agents.tools import (
 )
 from jaxcore.errors import PromptLengthError, TaskError
 from jaxcore.hf.tokenization import PromptLimit, limit_prompts
-from jaxcore.inference.generate import GenerationResult, bucket_length, cast_floating, decode, prefill
+from jaxcore.inference.generate import (
+    GenerationResult,
+    bucket_length,
+    cast_floating,
+    decode,
+    place_rows,
+    prefill,
+)
 from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.transformer import KVCache
 from jaxcore.parallel.rows import allgather_sum, gather_rows, owned_rows
@@ -220,18 +227,6 @@ def _left_pad(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np.n
     return ids, mask
 
 
-class _Placer:
-    """Puts host arrays where the rows live (`row_sharding`) or on the default device."""
-
-    def __init__(self, row_sharding: Any):
-        self.sharding = row_sharding
-
-    def __call__(self, x: np.ndarray) -> jax.Array:
-        if self.sharding is None:
-            return jnp.asarray(x)
-        return jax.make_array_from_callback(x.shape, self.sharding, lambda index: x[index])
-
-
 def owned_row_mask(b: int, row_sharding: Any) -> np.ndarray:
     """Which of `b` rows placed with `row_sharding` this process runs the tools and environments of: the rows it
     owns (`owned_rows`: a row held by several processes is the lowest one's), those its reward functions score.
@@ -240,7 +235,7 @@ def owned_row_mask(b: int, row_sharding: Any) -> np.ndarray:
     if jax.process_count() == 1:
         owned_B[:] = True
     else:
-        owned_B[owned_rows(_Placer(row_sharding)(np.zeros(b, np.int32)))[0]] = True
+        owned_B[owned_rows(place_rows(np.zeros(b, np.int32), row_sharding))[0]] = True
     return owned_B
 
 
@@ -290,7 +285,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
                 SamplingConfig(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p))
     key = key if key is not None else jax.random.key(0)
     eos = tuple(int(e) for e in eos_token_ids)
-    place = _Placer(row_sharding)
+    place = functools.partial(place_rows, row_sharding=row_sharding)     # host arrays where the rows live
     graphdef, state = nnx.split(model)
     if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
         state = cast_floating(state, model.dtype)
