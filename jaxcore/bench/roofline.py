@@ -191,6 +191,12 @@ def totals(phases: Phases | Work) -> Work:
     return {k: int(sum(work[k] for _, work in phases)) for k in ("bytes", "flops")}
 
 
+def adam_step(params: int) -> Work:
+    """One Adam(W) step on fp32 masters: per parameter it reads weight, grad, m, v and writes weight, m, v
+    (7 x 4 bytes); ~20 FLOPs per entry, which no CPU or GPU is bound by."""
+    return {"bytes": 7 * 4 * params, "flops": 20 * params}
+
+
 def train_step(shape: Shape, batch: int, seq_len: int, compute_itemsize: int,
                head_positions: int | None = None) -> Work:
     """Forward + backward (3x forward FLOPs; the LM head at `head_positions` positions per row, default every
@@ -203,7 +209,7 @@ def train_step(shape: Shape, batch: int, seq_len: int, compute_itemsize: int,
     head = batch * (seq_len if head_positions is None else head_positions)
     trunk = shape.matmul_params() - shape.lm_head_params()
     flops = 3 * (2 * tokens * trunk + 2 * head * shape.lm_head_params() + attention_flops(shape, batch, seq_len, 0))
-    nbytes = 3 * params * compute_itemsize + 7 * 4 * params
+    nbytes = 3 * params * compute_itemsize + adam_step(params)["bytes"]
     return {"bytes": nbytes, "flops": flops}
 
 
