@@ -31,10 +31,14 @@ def brevity(prompts: list[Any], completions: list[str], **_: Any) -> list[float]
 
 
 def settings(options: BenchOptions) -> dict[str, Any]:
-    """The compared job: steps per run, completion lengths, rounds (quick: tiny shapes for the tests)."""
+    """The compared job: steps per run of each regime (issue 20's own measurements: 10 filling, 12 short; the
+    first step of a run, and each step that meets a new completion-length bucket, includes jaxcore's
+    compilation), completion lengths, rounds (quick: tiny shapes for the tests)."""
     if options.quick:
-        return {"steps": 2, "completion_lengths": (4,), "rounds": 1, "generations": 4, "regimes": ("short",)}
-    return {"steps": 5, "completion_lengths": (16, 128), "rounds": 2, "generations": 8, "regimes": tuple(REGIMES)}
+        return {"steps": {"short": 2}, "completion_lengths": (4,), "rounds": 1, "generations": 4,
+                "regimes": ("short",)}
+    return {"steps": {"fill": 10, "short": 12}, "completion_lengths": (16, 128), "rounds": 2, "generations": 8,
+            "regimes": tuple(REGIMES)}
 
 
 def rounds_for(s: dict[str, Any], completion_len: int) -> int:
@@ -129,8 +133,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
                     for side in ("trl", "jax"):
                         print(f"{key}: {side} round {round_ + 1}/{rounds}", flush=True)
                         out = Path(tmp) / f"{key}-{side}-{round_}"
-                        got = (trl_run(path, lr, length, s["steps"], s["generations"], out) if side == "trl" else
-                               jax_run(path, lr, length, s["steps"], s["generations"], out, options.compilation_cache))
+                        steps = s["steps"][regime]
+                        got = (trl_run(path, lr, length, steps, s["generations"], out) if side == "trl" else
+                               jax_run(path, lr, length, steps, s["generations"], out, options.compilation_cache))
                         sides[side]["step_s"] += got["step_s"][1:]          # the first step compiles / warms up
                         sides[side]["reward"] += got["reward"]
                         if side == "jax":       # per run: cache dir (None: off), warm (entries before), hits, misses
