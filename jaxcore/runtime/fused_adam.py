@@ -26,6 +26,12 @@ import optax
 Array = jax.Array
 
 
+def decays(param: Array) -> bool:
+    """Whether AdamW's decoupled weight decay applies to `param`: matrices only (HF's AdamW skips biases and
+    norm scales), in `FusedAdam` and in optax's mask alike."""
+    return param.ndim >= 2
+
+
 @dataclasses.dataclass(frozen=True)
 class FusedAdam:
     """optax's `chain(clip_by_global_norm(max_grad_norm), adamw(...))` (or `adam`: weight_decay 0) as one step."""
@@ -35,7 +41,7 @@ class FusedAdam:
     b1: float
     b2: float
     eps: float
-    weight_decay: float = 0.0                   # decoupled, on matrices (ndim >= 2) only, as HF's AdamW
+    weight_decay: float = 0.0                   # decoupled, where `decays` (matrices), as HF's AdamW
     max_grad_norm: float | None = None          # None: no clipping
 
     @property
@@ -60,19 +66,20 @@ class FusedAdam:
         inv_correction1 = 1.0 / (1.0 - self.b1 ** count.astype(jnp.float32))
         inv_correction2 = 1.0 / (1.0 - self.b2 ** count.astype(jnp.float32))
 
-        def moments(g: Array, m: Array, v: Array) -> tuple[Array, Array]:
+        def first_moment(g: Array, m: Array) -> Array:
             g = g * scale.astype(g.dtype)
-            return (jnp.where(applied, (1.0 - self.b1) * g + self.b1 * m, m),
-                    jnp.where(applied, (1.0 - self.b2) * (g * g) + self.b2 * v, v))
+            return jnp.where(applied, (1.0 - self.b1) * g + self.b1 * m, m)
 
-        mv = jax.tree.map(moments, grads, adam.mu, adam.nu)
-        mu = jax.tree.map(lambda _, pair: pair[0], grads, mv)
-        nu = jax.tree.map(lambda _, pair: pair[1], grads, mv)
+        def second_moment(g: Array, v: Array) -> Array:
+            g = g * scale.astype(g.dtype)
+            return jnp.where(applied, (1.0 - self.b2) * (g * g) + self.b2 * v, v)
+
+        mu, nu = jax.tree.map(first_moment, grads, adam.mu), jax.tree.map(second_moment, grads, adam.nu)
         mu, nu = jax.lax.optimization_barrier((mu, nu))   # the parameter pass reads them, it does not recompute them
 
         def parameter(p: Array, m: Array, v: Array) -> Array:
             u = (m * inv_correction1.astype(m.dtype)) / (jnp.sqrt(v * inv_correction2.astype(v.dtype)) + self.eps)
-            if self.weight_decay and p.ndim >= 2:
+            if self.weight_decay and decays(p):
                 u = u + self.weight_decay * p
             return jnp.where(applied, (p - lr.astype(p.dtype) * u).astype(p.dtype), p)
 

@@ -12,7 +12,7 @@ import optax
 from annotated_types import Ge, Gt, Interval
 
 from jaxcore.config.schema import Checked
-from jaxcore.runtime.fused_adam import FusedAdam
+from jaxcore.runtime.fused_adam import FusedAdam, decays
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "cosine", "linear"]
@@ -87,7 +87,7 @@ def all_finite(tree: object) -> jax.Array:
 
 
 def _matrices(params: object) -> object:
-    return jax.tree.map(lambda x: x.ndim >= 2, params)
+    return jax.tree.map(decays, params)
 
 
 def make_optimizer(cfg: OptimizerConfig, total_steps: int = 1,
