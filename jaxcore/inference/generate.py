@@ -101,9 +101,13 @@ def place_rows(x_B: np.ndarray, row_sharding: jax.sharding.Sharding | None) -> A
     return jax.make_array_from_callback(x_B.shape, row_sharding, lambda index: x_B[index])
 
 
-def row_shards(row_sharding: jax.sharding.Sharding | None, shape: tuple[int, ...]) -> int:
-    """How many pieces `row_sharding` cuts the rows (leading axis) of an array of `shape` into."""
-    return 1 if row_sharding is None else shape[0] // row_sharding.shard_shape(shape)[0]
+def row_shards(row_sharding: jax.sharding.Sharding | None) -> int:
+    """How many pieces `row_sharding` cuts the rows (leading axis) into: 1 for none, a single device or
+    replicated rows, else the product of the mesh axes its spec puts on the leading dimension."""
+    spec = getattr(row_sharding, "spec", ())
+    axes = spec[0] if len(spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "eos_ids", "pad_id"),
@@ -183,8 +187,7 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
     # n samples of a prompt share its prefill unless the model ties rows to their batch position or the distinct
     # prompts cannot be sharded like the repeated rows (then every repeated row is prefilled, as before)
     n = num_return_sequences
-    rows_shape = (ids_BT.shape[0] * n, length)
-    repeats = n if shares_prefill(state) and ids_BT.shape[0] % row_shards(row_sharding, rows_shape) == 0 else 1
+    repeats = n if shares_prefill(state) and ids_BT.shape[0] % row_shards(row_sharding) == 0 else 1
     if n > repeats:
         ids_BT, mask_BT = np.repeat(ids_BT, n, axis=0), np.repeat(mask_BT, n, axis=0)
     ids, mask = place_rows(ids_BT, row_sharding), place_rows(mask_BT, row_sharding)

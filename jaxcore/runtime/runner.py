@@ -34,6 +34,7 @@ from jaxcore.config.yaml_config import to_dict
 from jaxcore.errors import OutputError, TaskConfigError, TrainingError, UserError  # noqa: F401  (re-exported)
 from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is looked up at call time
 from jaxcore.hf.convert import save_hf
+from jaxcore.inference.generate import row_shards
 from jaxcore.model.state import weight_moments
 from jaxcore.outputs import check_output, check_parent
 from jaxcore.parallel import sharding
@@ -109,7 +110,7 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         count = len(chunk)
-        rows = chunk + chunk[-1:] * (-count % _row_shards(row_sharding))   # a multiple of the row shards
+        rows = chunk + chunk[-1:] * (-count % row_shards(row_sharding))   # a multiple of the row shards
         if agent is None:
             ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
             result = sample(model, ids, mask, rollout, key=None, eos_token_ids=eos_token_ids,
@@ -136,14 +137,6 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
                 (episode_metrics[0] if episode_metrics else ()) if k.startswith(("tools/", "episodes/"))}
     return {"eval/reward": float(rewards_B.mean()), **{f"eval/rewards/{name}/mean": m for name, m in means.items()},
             **episodes, "eval/samples": samples}
-
-
-def _row_shards(row_sharding: Any) -> int:
-    """How many ways a NamedSharding splits the leading (row) dimension (1 for none or replicated)."""
-    spec = getattr(row_sharding, "spec", ())
-    axes = spec[0] if len(spec) else None
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-    return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
 
 
 def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None,
