@@ -28,16 +28,7 @@ class RecordingEnv(trl_tools.IncrementEnv):
         RECORDS.append(("reset", jax.process_index(), self.row))
         return super().reset(**kwargs)
 
-    def increment(self, step: int) -> int:
-        """
-        Increment the internal counter.
-
-        Args:
-            step: Value to add to the counter.
-
-        Returns:
-            The updated counter value.
-        """
+    def increment(self, step: int) -> int:     # the tool's schema: IncrementEnv.increment's docstring (inherited)
         import jax
 
         RECORDS.append(("increment", jax.process_index(), self.row))
