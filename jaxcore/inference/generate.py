@@ -153,7 +153,6 @@ def decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: 
     return GenerationResult(tokens_BN, logprobs_BN, lengths_B, done_B), cache
 
 
-
 def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1, key: Array | None = None,
