@@ -1,7 +1,8 @@
 """`grouped_attention`, the model's one attention (training forward, prefill, decode): equal to
 `jax.nn.dot_product_attention` in value and gradient, and the compiled training forward + backward moves no
 more memory than its logits need (the formulation through `jax.nn.dot_product_attention` on [B, T, H, E]
-operands moved 1.55x the bytes of this one on XLA:CPU and was a quarter slower on the bench model's step)."""
+operands moved 1.55x the bytes of this one on XLA:CPU, and its forward + backward took 113-122 ms against
+81-86 ms at the bench model's shape)."""
 
 import jax
 import jax.numpy as jnp
