@@ -54,12 +54,13 @@ def remat_saves() -> bool:
 def saved_per_token(cfg: ModelConfig, seq: int, c: int) -> float:
     """Bytes one layer keeps for the backward per token of a `seq`-token row (compute dtype of `c` bytes): norms
     (fp32 and compute), q/k/v, RoPE'd q/k (fp32), attention output, MLP input, gate/up/product; and per head
-    over the `seq` keys, the fp32 masked scores, the fp32 probabilities and the compute-dtype probabilities the
-    value product reads (XLA:CPU keeps three [B, H, T, S] arrays per layer at fp32, as measured)."""
+    over the `seq` keys, the fp32 softmax numerators and, in a lower compute dtype, the copy the value product
+    reads (`grouped_attention`: XLA:CPU keeps one fp32 [B, H, T, S] array per layer in an fp32 step, as measured;
+    it kept three with `jax.nn.dot_product_attention`: masked scores, probabilities and their copy)."""
     d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     h, k = cfg.num_heads, cfg.num_kv_heads
-    return (c * (6 * d + 2 * h * e + 4 * k * e + 3 * f) + 4 * (2 * d + 2 * (h + k) * e)
-            + h * seq * (8 + c))
+    scores = 4 + (c if c != 4 else 0)
+    return c * (6 * d + 2 * h * e + 4 * k * e + 3 * f) + 4 * (2 * d + 2 * (h + k) * e) + h * seq * scores
 
 
 def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
