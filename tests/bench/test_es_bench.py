@@ -1,14 +1,12 @@
 """The ES benchmark's naive full-rank reference: correct member weights, and compile time that does not grow
 with depth (one program drawing all 210 weights of a 30-layer model took XLA 134 s to compile on an H200)."""
 
-import logging
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxcore.bench.es import naive_perturbed
+from tests.compile_log import CompiledPrograms, jax_compile_log
 
 SHAPES = {"attn.q": (8, 8), "attn.o": (8, 8), "mlp.up": (8, 16), "mlp.down": (16, 8)}
 
@@ -18,28 +16,10 @@ def _base(layers: int) -> dict[str, jax.Array]:
             for layer in range(layers) for name, shape in SHAPES.items()}
 
 
-class _Compiles(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.names: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if re.search(r"Finished XLA compilation", record.getMessage()):
-            self.names.append(record.getMessage())
-
-
 def _compiles_during(fn) -> list[str]:
-    handler, logger = _Compiles(), logging.getLogger("jax")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    jax.config.update("jax_log_compiles", True)
-    try:
+    handler = CompiledPrograms()
+    with jax_compile_log(handler):
         jax.block_until_ready(fn())
-    finally:
-        jax.config.update("jax_log_compiles", False)
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return handler.names
 
 

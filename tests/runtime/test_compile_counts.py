@@ -30,9 +30,9 @@ from jaxcore.runtime import compile_cache
 from jaxcore.runtime import metrics as metrics_module
 from jaxcore.runtime import runner as runner_module
 from tests.cli_runs import es_args, grpo_args
+from tests.compile_log import COMPILED, jax_compile_log
 
 EPOCHS = 5
-COMPILED = re.compile(r"Finished XLA compilation of (?:jit\()?([\w<>.\-]+)")
 
 
 class _CompileLog(logging.Handler):
@@ -86,17 +86,8 @@ def compile_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[_CompileLog]:
 
     monkeypatch.setattr(metrics_module.MetricsLogger, "log", log_and_count)
     monkeypatch.setattr(runner_module.Runner, "_save", save_and_count)
-    jax_logger = logging.getLogger("jax")
-    jax_logger.addHandler(log)
-    previous_level = jax_logger.level
-    jax_logger.setLevel(logging.DEBUG)
-    jax.config.update("jax_log_compiles", True)
-    try:
+    with jax_compile_log(log):
         yield log
-    finally:
-        jax.config.update("jax_log_compiles", False)
-        jax_logger.removeHandler(log)
-        jax_logger.setLevel(previous_level)
 
 
 def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, monkeypatch):
