@@ -231,17 +231,16 @@ class Attention(nnx.Module):
             inv_freq = np.asarray(self.inv_freq, np.float32)
             q_BTHE = apply_rope(q_BTHE, positions_BT, inv_freq)
             k_BTKE = apply_rope(k_BTKE, positions_BT, inv_freq)
-        scale = self.scale
+        k_BKET, v_BKTE = k_BTKE.transpose(0, 2, 3, 1), v_BTKE.swapaxes(1, 2)     # the cache's layout
         if cache_kv is None:
-            out_BTHE = grouped_attention(q_BTHE, k_BTKE.transpose(0, 2, 3, 1), v_BTKE.swapaxes(1, 2), mask_BTS, scale)
-            return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), None
-        k_cache, v_cache = cache_kv                       # keys [B, K, E, S], values [B, K, S, E]
-        k_BKES = jax.lax.dynamic_update_slice(k_cache, k_BTKE.transpose(0, 2, 3, 1).astype(k_cache.dtype),
-                                              (0, 0, 0, cache_index))
-        v_BKSE = jax.lax.dynamic_update_slice(v_cache, v_BTKE.swapaxes(1, 2).astype(v_cache.dtype),
-                                              (0, 0, cache_index, 0))
-        out_BTHE = grouped_attention(q_BTHE, k_BKES.astype(q_BTHE.dtype), v_BKSE.astype(q_BTHE.dtype), mask_BTS, scale)
-        return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), (k_BKES, v_BKSE)
+            keys, values, new_cache = k_BKET, v_BKTE, None
+        else:
+            k_cache, v_cache = cache_kv                   # keys [B, K, E, S], values [B, K, S, E]
+            new_cache = (jax.lax.dynamic_update_slice(k_cache, k_BKET.astype(k_cache.dtype), (0, 0, 0, cache_index)),
+                         jax.lax.dynamic_update_slice(v_cache, v_BKTE.astype(v_cache.dtype), (0, 0, cache_index, 0)))
+            keys, values = (x.astype(q_BTHE.dtype) for x in new_cache)
+        out_BTHE = grouped_attention(q_BTHE, keys, values, mask_BTS, self.scale)
+        return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), new_cache
 
 
 class Block(nnx.Module):
