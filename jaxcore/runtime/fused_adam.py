@@ -88,7 +88,7 @@ class FusedAdam:
         return new_params, _rebuild(state, new_adam, applied), applied
 
 
-def _find_adam(state: Any) -> optax.ScaleByAdamState:
+def _find_adam(state: Any) -> optax.ScaleByAdamState | None:
     if isinstance(state, optax.ScaleByAdamState):
         return state
     if type(state) is tuple:
