@@ -59,8 +59,37 @@ def filter_logits(logits_BV: Array, cfg: SamplingConfig) -> Array:
     return scores
 
 
+ARGMAX_CHUNK = 256
+
+
+def _max_keeping_nan(x_BCK: Array) -> Array:
+    """Max over the last axis, NaN where there is one (XLA:CPU's own max may drop NaNs; argmax never does)."""
+    def keep(a: Array, b: Array) -> Array:
+        return jnp.where(jnp.isnan(a) | (a > b), a, b)
+
+    return jax.lax.reduce(x_BCK, jnp.array(-jnp.inf, x_BCK.dtype), keep, (x_BCK.ndim - 1,))
+
+
+def first_argmax(x_BV: Array) -> Array:
+    """`jnp.argmax(x_BV, axis=-1)` (the first maximum; the first NaN where there is one) in two cheap passes.
+
+    XLA:CPU compiles argmax to one (value, index) reduction that does not vectorise: 4.3 ms per decode step
+    over SmolLM2's 49,152 logits at 60 rows, a twentieth of the step. The maximum of each chunk of 256, the
+    first chunk holding the maximum, then the first maximum inside that chunk: 0.7-0.9 ms.
+    """
+    rows, vocab = x_BV.shape
+    chunks = -(-vocab // ARGMAX_CHUNK)
+    padded_BV = jnp.pad(x_BV, ((0, 0), (0, chunks * ARGMAX_CHUNK - vocab)), constant_values=-jnp.inf)
+    chunked_BCK = padded_BV.reshape(rows, chunks, ARGMAX_CHUNK)
+    chunk_B = jnp.argmax(_max_keeping_nan(chunked_BCK), axis=-1)
+    within_BK = jnp.take_along_axis(chunked_BCK, chunk_B[:, None, None], axis=1)[:, 0]
+    return (chunk_B * ARGMAX_CHUNK + jnp.argmax(within_BK, axis=-1)).astype(jnp.int32)
+
+
 def sample_next(logits_BV: Array, key: Array, cfg: SamplingConfig) -> Array:
-    """One token per row: argmax when greedy, else a draw from the filtered distribution."""
+    """One token per row: argmax when greedy, else a draw from the filtered distribution (the Gumbel-max draw
+    of `jax.random.categorical`, the same numbers)."""
     if cfg.greedy:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, filter_logits(logits_BV, cfg), axis=-1).astype(jnp.int32)
+        return first_argmax(logits_BV)
+    scores_BV = filter_logits(logits_BV, cfg)
+    return first_argmax(jax.random.gumbel(key, scores_BV.shape, scores_BV.dtype) + scores_BV)
