@@ -154,6 +154,8 @@ def shard_params(flat: dict[str, Any], spec_of: Any, mesh: Mesh, dtype: Any = No
     tensor, each device receiving only its slice.
     """
     targets = tuple((path, NamedSharding(mesh, spec_of(path, tuple(v.shape)))) for path, v in flat.items())
+    if all(_placed_as(flat[path], target, dtype) for path, target in targets):
+        return dict(flat)         # already there (one device, or masters laid out as computed): no copy
     if all(isinstance(v, jax.Array) for v in flat.values()):
         if dtype is not None:
             flat = _caster(np.dtype(dtype).name)(flat)
@@ -164,6 +166,13 @@ def shard_params(flat: dict[str, Any], spec_of: Any, mesh: Mesh, dtype: Any = No
         out[path] = put_global(value.astype(dtype) if dtype is not None and np.issubdtype(value.dtype, np.floating)
                                else value, target)
     return out
+
+
+def _placed_as(value: Any, target: NamedSharding, dtype: Any) -> bool:
+    """Whether `value` is a device array with `target`'s layout and, if floating, already in `dtype`."""
+    if not isinstance(value, jax.Array) or not value.sharding.is_equivalent_to(target, value.ndim):
+        return False
+    return dtype is None or not np.issubdtype(value.dtype, np.floating) or value.dtype == np.dtype(dtype)
 
 
 @functools.lru_cache(maxsize=4)

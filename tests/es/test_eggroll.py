@@ -210,3 +210,21 @@ def test_a_non_finite_update_is_never_applied(llama, learning_rate):
     after = {k: np.asarray(v) for k, v in flat_state(llama).items()}
     for path, value in before.items():
         np.testing.assert_array_equal(after[path], value)
+
+
+def test_compute_weights_already_in_place_are_not_copied(llama, tiny_dir):
+    """Each epoch evaluates the population on compute weights made from the masters. Where the masters already
+    have the compute layout and dtype (one device, fp32) that is the masters themselves: copying them cost two
+    passes over the weights per epoch (0.12 s of a 5 s SmolLM2-135M epoch on two CPU cores)."""
+    from jaxcore.es.algorithm import compute_model, shard_masters
+
+    mesh = meshes.es_mesh(1, jax.devices()[:1])
+    shard_masters(llama, mesh)
+    masters = flat_state(llama)
+    computed = flat_state(compute_model(llama, mesh))
+    assert all(computed[path].unsafe_buffer_pointer() == masters[path].unsafe_buffer_pointer() for path in masters)
+    half = jaxcore.load_hf(tiny_dir("llama"), dtype="bfloat16")          # bf16 compute from fp32 masters: cast
+    shard_masters(half, mesh)
+    computed = flat_state(compute_model(half, mesh))
+    assert all(computed[path].dtype == jnp.bfloat16 for path in computed if computed[path].dtype.kind == "f")
+    assert all(flat_state(half)[path].dtype == jnp.float32 for path in computed if computed[path].dtype.kind == "f")
