@@ -42,9 +42,10 @@ STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "cl
 
 
 def completion_width(lengths_B: np.ndarray, max_new_tokens: int) -> int:
-    """The completion columns a train step sees: the longest completion rounded up to a power of two (4, 8,
-    16, ...; at most `max_new_tokens`), so a run compiles one step per bucket, not one per length."""
-    bucket = max(4, 1 << max(int(np.max(lengths_B, initial=1)) - 1, 0).bit_length())
+    """The completion columns a train step sees: the longest completion rounded up to a power of two (1, 2, 4,
+    8, 16, ...; at most `max_new_tokens`), so a run compiles one step per bucket, not one per length. Buckets of
+    1 and 2 serve collapsed completions: a step over 12 prompt columns trains 13 columns, not 16."""
+    bucket = 1 << max(int(np.max(lengths_B, initial=1)) - 1, 0).bit_length()
     return min(bucket, max_new_tokens)
 
 

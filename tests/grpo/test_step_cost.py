@@ -129,8 +129,8 @@ def test_the_skip_check_is_computed_once(tiny_dir, grpo_job):
 
 
 def test_a_run_compiles_one_step_per_completion_bucket(tiny_dir, grpo_job):
-    """Rollouts whose longest completions are 3, 5, 9, 2, 17 and 6 tokens (max_new_tokens 64) train through 4
-    compiled steps (widths 4, 8, 16, 32), not one per length."""
+    """Rollouts whose longest completions are 3, 5, 9, 2, 17 and 6 tokens (max_new_tokens 64) train through 5
+    compiled steps (widths 4, 8, 16, 2, 32), not one per length."""
     model = jaxcore.load_hf(tiny_dir("llama"))
     cfg = grpo_job(max_completion_length=MAX_NEW)
     cfg.rollout.generations_per_prompt = 4
@@ -146,8 +146,8 @@ def test_a_run_compiles_one_step_per_completion_bucket(tiny_dir, grpo_job):
         result = GenerationResult(tokens=tokens.astype(np.int32), logprobs=np.zeros((8, MAX_NEW), np.float32),
                                   lengths=lengths.astype(np.int32), finished=np.ones(8, bool))
         learner.step(learner.prepare(algorithm.make_batch(ids, np.ones_like(ids), result, rng.normal(size=8))))
-    assert learner._step._cache_size() == 4
-    assert {completion_width(np.array([n]), MAX_NEW) for n in range(0, MAX_NEW + 1)} == {4, 8, 16, 32, 64}
+    assert learner._step._cache_size() == 5
+    assert {completion_width(np.array([n]), MAX_NEW) for n in range(0, MAX_NEW + 1)} == {1, 2, 4, 8, 16, 32, 64}
 
 
 def test_no_activation_is_transposed_for_a_weight_gradient(tiny_dir, grpo_job):

@@ -106,7 +106,7 @@ def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path,
     """Five GRPO epochs whose longest completions are 3, 5, 2, 9 and 4 tokens (max_new_tokens 16; a tiny random
     model rarely samples EOS, so each epoch's sampled completions are cut to that length, as an EOS would): an
     epoch compiles only when its batch falls in a (prompt width, completion width) bucket no earlier epoch used
-    (completion widths 4, 8, 4, 16, 4; prompt widths from `prompt_width`), then a few programs for it, and an
+    (completion widths 4, 8, 2, 16, 4; prompt widths from `prompt_width`), then a few programs for it, and an
     epoch in a known bucket compiles nothing."""
     max_new, longest = 16, (3, 5, 2, 9, 4)
     sample, make_batch = GRPOAlgorithm.rollout, GRPOAlgorithm.make_batch
@@ -136,7 +136,7 @@ def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path,
     assert len(log.logged) == EPOCHS
     assert [int(m["completions/max_length"]) for m in log.logged] == list(longest)
     widths = [completion_width(np.array([n]), max_new) for n in longest]
-    assert widths == [4, 8, 4, 16, 4] == [c for _, c in shapes]
+    assert widths == [4, 8, 2, 16, 4] == [c for _, c in shapes]
     assert any(shapes[e] in shapes[:e] for e in range(1, EPOCHS)), shapes     # a known bucket is exercised
     assert [name for epoch, name in log.events if epoch == 0], "the first epoch compiled nothing: not counting?"
     for epoch in range(1, EPOCHS):
