@@ -261,17 +261,20 @@ def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:
 
 def _apply_update(params: dict[str, Array], opt_state: Any, grads: dict[str, Array],
                   optimizer: optax.GradientTransformation) -> tuple[dict[str, Array], Any, Array]:
-    """params <- params + optimizer(-g): ES ascends the fitness. Returns (params, state, applied): when the update
-    or the new parameters are not all finite (e.g. a NaN learning rate), the old params and state come back and
-    `applied` is False."""
+    """params <- params + optimizer(-g): ES ascends the fitness. Returns (params, state, applied): when the new
+    parameters are not all finite (a non-finite update makes them so, e.g. a NaN learning rate), the old params
+    and state come back and `applied` is False.
+
+    Two passes over the weights: the check computes p + u without keeping it, then p + (u if applied else -0.0)
+    (adding -0.0 leaves every value as it was, signed zeros included). Keeping p + u for a select afterwards, and
+    checking u on its own (p + u is finite only if u is), made XLA pass over them 9 times for SGD, not 5.5."""
     negated = jax.tree.map(jnp.negative, grads)
     updates, new_state = optimizer.update(negated, opt_state, params)
     # optax promotes bf16 moments to the fp32 gradient's dtype; keep the state's own (es.master_dtype)
     new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, opt_state)
-    new_params = optax.apply_updates(params, updates)
-    applied = all_finite(updates) & all_finite(new_params)
-    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(applied, new, old))
-    return keep(new_params, params), keep(new_state, opt_state), applied
+    applied = all_finite(jax.tree.map(lambda p, u: p + u, params, updates))
+    new_params = jax.tree.map(lambda p, u: (p + jnp.where(applied, u, -0.0)).astype(p.dtype), params, updates)
+    return new_params, jax.tree.map(lambda new, old: jnp.where(applied, new, old), new_state, opt_state), applied
 
 
 # The optimizer state is always donated (the caller passes it in and gets the new one back). The
