@@ -180,7 +180,7 @@ class EggrollAlgorithm(Algorithm):
         if self.agent is None:
             ids, mask, row_examples = self.rollout_rows(examples)
             result = sample(population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
-                            pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows)
+                            pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows, logprobs=False)
             scores = score_rows(result, row_examples, self.tokenizer, scorer)
         else:       # every row (member-major) an episode with its own environment instance: members share none
             row_examples = [e for e in examples for _ in range(g)] * n

@@ -181,7 +181,8 @@ class GRPOAlgorithm(Algorithm):
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
         return sample(self.learner.model, ids, mask, r, key=key, eos_token_ids=self.eos_token_ids,
                       pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows,
-                      num_return_sequences=r.generations_per_prompt)
+                      num_return_sequences=r.generations_per_prompt,
+                      logprobs=self.cfg.old_logp_source == "rollout")     # else the learner recomputes them
 
     def episodes(self, epoch: int, row_examples: list[Example]) -> Episodes:
         """A multi-turn rollout (`jaxcore.agents`): one episode per row (G per prompt), each with its own

@@ -115,21 +115,24 @@ def row_shards(row_sharding: jax.sharding.Sharding | None) -> int:
     return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "eos_ids", "pad_id"),
-                   donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "eos_ids", "pad_id",
+                                             "with_logprobs"), donate_argnames=("cache",))
 def decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: Array, next_position_B: Array,
            start_index: Array, key: Array, *, max_new_tokens: int, sampling: SamplingConfig,
-           eos_ids: tuple[int, ...], pad_id: int) -> tuple[GenerationResult, KVCache]:
+           eos_ids: tuple[int, ...], pad_id: int, with_logprobs: bool = True) -> tuple[GenerationResult, KVCache]:
     """The jitted decode loop: up to `max_new_tokens` tokens per row sampled from `logits_BV` on, each written to
     the (donated) cache at slot `start_index + step` with position `next_position_B + step`; stops when every
-    row has emitted an EOS. Returns the tokens and the cache (`jaxcore.agents` keeps it across turns)."""
+    row has emitted an EOS. Returns the tokens and the cache (`jaxcore.agents` keeps it across turns). Without
+    `with_logprobs` the logprobs stay 0 (a log-sum-exp over the vocabulary per step saved: 2.5 ms of a ~110 ms
+    step over SmolLM2's 49,152 logits at 60 rows on two CPU cores)."""
     model = nnx.merge(graphdef, state)
     rows = logits_BV.shape[0]
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
     def emit(step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN):
         token_B = sample_next(logits_BV, jax.random.fold_in(key, step), sampling)
-        logprob_B = token_logprobs(logits_BV[:, None], token_B[:, None])[:, 0]
+        logprob_B = (token_logprobs(logits_BV[:, None], token_B[:, None])[:, 0] if with_logprobs
+                     else jnp.zeros(token_B.shape, jnp.float32))
         token_B = jnp.where(done_B, pad_id, token_B)
         tokens_BN = tokens_BN.at[:, step].set(token_B)
         logprobs_BN = logprobs_BN.at[:, step].set(jnp.where(done_B, 0.0, logprob_B))
@@ -161,12 +164,14 @@ def decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: 
 def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1, key: Array | None = None,
-             pad_token_id: int = 0, row_sharding: jax.sharding.Sharding | None = None) -> GenerationResult:
+             pad_token_id: int = 0, row_sharding: jax.sharding.Sharding | None = None,
+             logprobs: bool = True) -> GenerationResult:
     """Sample `max_new_tokens` per row after left-padded prompts.
 
     `temperature=0` is greedy. Filters apply in transformers' order (temperature, top-k, top-p,
     min-p). With `num_return_sequences=n` every prompt is sampled n times, rows prompt-major.
     `row_sharding` optionally places the rows on a mesh (e.g. sharded over a data axis).
+    `logprobs=False` leaves `result.logprobs` at 0 and skips computing them (as HF's `output_scores=False`).
     """
     sampling = SamplingConfig(temperature, top_k, top_p, min_p)
     ids_BT, mask_BT = np.asarray(input_ids_BT, np.int32), np.asarray(attention_mask_BT, np.int32)
@@ -201,5 +206,6 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
     next_position_B = place_rows(np.repeat(mask_BT.sum(-1, dtype=np.int32), repeats), row_sharding)
     result, _ = decode(graphdef, state, cache, logits_BV, next_position_B, jnp.int32(length),
                        key if key is not None else jax.random.key(0), max_new_tokens=max_new_tokens,
-                       sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id))
+                       sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id),
+                       with_logprobs=logprobs)
     return result

@@ -114,7 +114,7 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         if agent is None:
             ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
             result = sample(model, ids, mask, rollout, key=None, eos_token_ids=eos_token_ids,
-                            pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
+                            pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding, logprobs=False)
             scores = score_rows(result, rows, tokenizer, scorer)
         else:
             episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=None, eos_token_ids=eos_token_ids,

@@ -24,6 +24,7 @@ import jaxcore
 from jaxcore.bench import roofline
 from jaxcore.es import eggroll
 from jaxcore.inference.generate import prefill
+from jaxcore.inference.sampling import SamplingConfig
 
 ROWS, PROMPT, NEW = 8, 16, 32
 
@@ -117,3 +118,26 @@ def test_prompts_are_padded_by_at_most_a_third():
     for length in range(1, PROMPT_BUCKETS[-1] + 1):
         assert length <= bucket_length(length) <= max(PROMPT_BUCKETS[0], 1.5 * length), length
     assert len(PROMPT_BUCKETS) <= 2 * np.log2(PROMPT_BUCKETS[-1])        # still a handful of programs per decade
+
+
+def test_decode_without_logprobs_skips_the_vocabulary_log_sum_exp(bench_model):
+    """ES rollouts and held-out evaluation never read the sampled tokens' log-probs: their decode loop does not
+    run a log-sum-exp over the vocabulary each step (2.5 ms of a ~110 ms SmolLM2-135M step at 60 rows on two CPU
+    cores). Same tokens; log-probs 0."""
+    from jaxcore.inference import generate as generate_module
+
+    ids = np.random.default_rng(0).integers(3, 100, (4, 8)).astype(np.int32)
+    full = generate_module.generate(bench_model, ids, np.ones_like(ids), max_new_tokens=6, temperature=0.0)
+    bare = generate_module.generate(bench_model, ids, np.ones_like(ids), max_new_tokens=6, temperature=0.0,
+                                    logprobs=False)
+    np.testing.assert_array_equal(bare.tokens, full.tokens)
+    assert not np.asarray(bare.logprobs).any() and np.asarray(full.logprobs).any()
+    graphdef, state = nnx.split(bench_model)
+    logits_BV, cache = jax.eval_shape(functools.partial(prefill, graphdef, cache_length=16), state, ids, ids)
+    exps = {}
+    for with_logprobs in (True, False):
+        loop = functools.partial(generate_module.decode.__wrapped__, graphdef, max_new_tokens=6, eos_ids=(), pad_id=0,
+                                 sampling=SamplingConfig(temperature=0.0), with_logprobs=with_logprobs)
+        jaxpr = jax.make_jaxpr(loop)(state, cache, logits_BV, ids[:, 0], 8, jax.random.key(0))
+        exps[with_logprobs] = str(jaxpr).count(" exp ")
+    assert exps[False] < exps[True], exps
