@@ -101,9 +101,9 @@ def test_num_return_sequences_is_prompt_major(tiny_dir):
 
 def test_new_prompt_lengths_reuse_the_compiled_prefill(tiny_dir):
     model = jaxcore.load_hf(tiny_dir("llama"))
-    generate(model, *prompts(model.config.vocab_size, lengths=(5, 3)), max_new_tokens=4, temperature=0.0)
+    generate(model, *prompts(model.config.vocab_size, lengths=(13, 3)), max_new_tokens=4, temperature=0.0)
     compiled = prefill._cache_size()
-    for lengths in [(9, 2), (14, 11), (16, 1)]:
+    for lengths in [(14, 2), (15, 11), (16, 1)]:       # longest 13-16 tokens: all in the bucket of 16
         generate(model, *prompts(model.config.vocab_size, lengths=lengths), max_new_tokens=4, temperature=0.0)
     assert prefill._cache_size() == compiled
 
