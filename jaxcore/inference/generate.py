@@ -28,8 +28,8 @@ from jaxcore.model.transformer import KVCache, positions_from_mask
 Array = jax.Array
 # Powers of two and the halfway steps between them (each bucket at most 1.5x the one below): a prompt is padded
 # by at most a third, where doubling padded a 9-token prompt to 16 and a 6-token one to 16 (prefill of the ES
-# addition prompts at 60 rows on two CPU cores: 0.78 s at 16 columns, 0.33 s at 6), and the GRPO train step
-# carries the same prompt columns. A run still compiles one program per bucket its prompts reach.
+# addition prompts at 60 rows on two CPU cores: 0.78 s at 16 columns, 0.33 s at 6). (The GRPO train step cuts
+# its prompts to its own `prompt_width`.) A run still compiles one program per bucket its prompts reach.
 PROMPT_BUCKETS = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
                   6144, 8192)
 
