@@ -110,9 +110,9 @@ def test_decode_attention_multiplies_the_cache_untransposed(bench_model):
 
 
 def test_prompts_are_padded_by_at_most_a_third():
-    """Prefill and the GRPO train step run every padding column: buckets that doubled padded the 9-token prompts
-    of the TRL comparison to 16 and the 6-token ES addition prompts to 16 (prefill at 60 rows on two CPU cores
-    0.78 s where 6 columns take 0.33 s). Each bucket is at most 1.5x the one below it."""
+    """Prefill runs every padding column: buckets that doubled padded the 9-token prompts of the TRL comparison
+    to 16 and the 6-token ES addition prompts to 16 (prefill at 60 rows on two CPU cores 0.78 s where 6 columns
+    take 0.33 s). Each bucket is at most 1.5x the one below it."""
     from jaxcore.inference.generate import PROMPT_BUCKETS, bucket_length
 
     for length in range(1, PROMPT_BUCKETS[-1] + 1):
