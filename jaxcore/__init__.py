@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 from jaxcore import _moved
+from jaxcore.runtime import host_allocator
 
 __version__ = "0.1.0"
 _LAZY = {
@@ -25,6 +26,7 @@ _LAZY = {
 __all__ = [*_LAZY, "__version__"]
 
 
+host_allocator.keep_freed_host_memory()    # before JAX starts its CPU threads (see that module)
 _moved.install()          # the flat module paths of earlier releases still import (deprecated)
 
 

@@ -58,13 +58,16 @@ def device_info() -> dict[str, Any]:
 
     import jax
 
+    from jaxcore.runtime import host_allocator
+
     dev = jax.devices()[0]
-    env_keys = ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    env_keys = ("XLA_FLAGS", host_allocator.ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                 "OPENBLAS_CORETYPE", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")
     return {"device": f"{dev.platform}:{getattr(dev, 'device_kind', '')}", "num_devices": jax.device_count(),
             "host": platform.node(), "cpu": cpu_model(), "cpu_cores": os.cpu_count(),
             "load_average": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
             "versions": library_versions(), "torch_threads": torch_threads(),
+            "host_malloc": "kept (jaxcore.runtime.host_allocator)" if host_allocator.applied else "system",
             "env": {k: os.environ[k] for k in env_keys if k in os.environ}}
 
 

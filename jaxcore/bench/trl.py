@@ -5,13 +5,20 @@ reward function and settings, whole training steps (generation, scoring, update)
 `fill` (learning rate 1e-6: completions keep filling `max_new_tokens`) and `short` (3e-5 with a brevity
 reward: completions collapse to a few tokens within a few steps, where padded work would show). The sides
 run alternately (TRL, jaxcore, TRL, jaxcore, ... `rounds` times), each run's first step (compilation,
-warm-up) left out of the median. Needs `trl` (`pip install 'jaxcore[trl]'`). Settings as in TRL's
-examples: 2 prompts x 8 generations, temperature 1, loss `dapo`, beta 0, AdamW, fp32 on CPU.
+warm-up) left out of the median. Every run is a fresh Python process, as a user's is: TRL's with glibc's
+allocator as TRL's users have it (`JAXCORE_HOST_MALLOC=system`), jaxcore's with the policy `import jaxcore`
+sets (`jaxcore.runtime.host_allocator`; `trl.host_malloc` says what each side ran with). Needs `trl`
+(`pip install 'jaxcore[trl]'`). Settings as in TRL's examples: 2 prompts x 8 generations, temperature 1,
+loss `dapo`, beta 0, AdamW, fp32 on CPU.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +117,31 @@ def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations:
             "compilation_cache": compile_cache.stats()}
 
 
+def run_in_child(side: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """One side's run (`trl_run` or `jax_run` with `spec` as keyword arguments) in a fresh Python process, TRL's
+    with glibc's own allocator; its result, plus `host_malloc`: the allocator policy the run had."""
+    env = {**os.environ, **({"JAXCORE_HOST_MALLOC": "system"} if side == "trl" else {})}
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps({"side": side, **spec}))
+    subprocess.run([sys.executable, "-c", "import sys; from jaxcore.bench import trl; trl.child_main(sys.argv[1])",
+                    str(out)], env=env, check=True)
+    return json.loads((out / "result.json").read_text())
+
+
+def child_main(out_dir: str) -> None:
+    """The child process of `run_in_child`: reads `spec.json` in `out_dir`, writes `result.json` there."""
+    from jaxcore.runtime import host_allocator
+
+    out = Path(out_dir)
+    spec = json.loads((out / "spec.json").read_text())
+    side = spec.pop("side")
+    spec["out"] = out / "run"
+    got = trl_run(**spec) if side == "trl" else jax_run(**spec)
+    got["host_malloc"] = "kept" if host_allocator.applied else "system"
+    (out / "result.json").write_text(json.dumps(got))
+
+
 def run(options: BenchOptions) -> dict[str, Any]:
     try:
         import trl  # noqa: F401
@@ -121,6 +153,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     path = bench_checkpoint(options)
     s = settings(options)
     results: dict[str, Any] = {"trl.settings": {**s, "prompts": PROMPTS, "model": str(path)}}
+    host_malloc: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for length in s["completion_lengths"]:
             for regime in s["regimes"]:
@@ -132,10 +165,12 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 for round_ in range(rounds):
                     for side in ("trl", "jax"):
                         print(f"{key}: {side} round {round_ + 1}/{rounds}", flush=True)
-                        out = Path(tmp) / f"{key}-{side}-{round_}"
-                        steps = s["steps"][regime]
-                        got = (trl_run(path, lr, length, steps, s["generations"], out) if side == "trl" else
-                               jax_run(path, lr, length, steps, s["generations"], out, options.compilation_cache))
+                        spec = {"path": str(path), "lr": lr, "completion_len": length, "steps": s["steps"][regime],
+                                "generations": s["generations"], "out": str(Path(tmp) / f"{key}-{side}-{round_}")}
+                        if side == "jax":
+                            spec["compilation_cache"] = options.compilation_cache
+                        got = run_in_child(side, spec)
+                        host_malloc[side] = got["host_malloc"]
                         sides[side]["step_s"] += got["step_s"][1:]          # the first step compiles / warms up
                         sides[side]["reward"] += got["reward"]
                         if side == "jax":       # per run: cache dir (None: off), warm (entries before), hits, misses
@@ -148,5 +183,6 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 for side in ("trl", "jax"):
                     results[f"{key}.{side}_reward"] = sides[side]["reward"]
                     results[f"{key}.{side}_step_s"] = sides[side]["step_s"]
+    results["trl.host_malloc"] = host_malloc
     results["trl.device"] = device_info()
     return results

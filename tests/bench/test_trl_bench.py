@@ -9,9 +9,9 @@ from jaxcore.runtime import compile_cache
 
 
 def test_trl_suite_times_both_trainers_on_the_same_job(tmp_path, monkeypatch):
-    """Both trainers on the same quick job, timed and rewarded; the JSON says, per jaxcore run, which compilation
-    cache served it and whether it was warm (here a fresh directory, given through the environment variable that
-    overrides the tests' "off")."""
+    """Both trainers on the same quick job, each run in its own process, timed and rewarded; the JSON says, per
+    jaxcore run, which compilation cache served it and whether it was warm (here a fresh directory, given through
+    the environment variable that overrides the tests' "off")."""
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "xla"))
     results = trl_bench.run(BenchOptions(quick=True, workdir=str(tmp_path)))
     key = "trl.short_4"
@@ -22,6 +22,8 @@ def test_trl_suite_times_both_trainers_on_the_same_job(tmp_path, monkeypatch):
         rewards = results[f"{key}.{side}_reward"]
         assert len(rewards) == 2 and all(0.0 < r <= 1.0 and math.isfinite(r) for r in rewards)
     assert results["trl.device"]["versions"]["trl"] == "1.16.0"
+    # each run a fresh process: TRL's with glibc's own allocator, jaxcore's with the policy its import sets
+    assert results["trl.host_malloc"] == {"trl": "system", "jax": "kept"}
     (cache,) = results[f"{key}.jax_compilation_cache"]                  # one round, one jaxcore run
     assert cache["dir"] == str(tmp_path / "xla") and cache["warm"] is False and cache["entries_before"] == 0
     assert cache["hits"] == 0 and cache["misses"] >= 0
