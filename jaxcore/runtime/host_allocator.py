@@ -17,26 +17,20 @@ installed (device buffers do not live here), on other C libraries, or once a JAX
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
+import importlib.util
 import os
 import sys
+import warnings
 
-ENV = "JAXCORE_HOST_MALLOC"                 # "system": leave glibc's allocator as it is
+ENV = "JAXCORE_HOST_MALLOC"                 # "keep" (the default) or "system": leave glibc's allocator as it is
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8          # glibc's <malloc.h> parameter numbers
 applied = False                             # whether this process runs with the policy (for the bench reports)
-ACCELERATOR_PLUGINS = ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-rocm60-plugin", "jax-rocm7-plugin",
-                       "libtpu", "libtpu-nightly")
+ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 
 
 def accelerator_plugin_installed() -> bool:
-    """Whether a JAX GPU/TPU plugin is installed (then XLA:CPU's host buffers are not the hot path)."""
-    for name in ACCELERATOR_PLUGINS:
-        try:
-            importlib.metadata.version(name)
-            return True
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return False
+    """Whether a JAX GPU/TPU plugin module is installed (then XLA:CPU's host buffers are not the hot path)."""
+    return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
 
 
 def backend_running() -> bool:
@@ -48,19 +42,21 @@ def backend_running() -> bool:
 
 def keep_freed_host_memory() -> bool:
     """One malloc arena, no mmap'd chunks, no trimming (see the module docstring). Returns whether it was set."""
-    if os.environ.get(ENV, "keep") == "system" or not sys.platform.startswith("linux"):
+    choice = os.environ.get(ENV, "keep")
+    if choice not in ("keep", "system"):
+        warnings.warn(f"{ENV}={choice!r} is neither 'keep' nor 'system'; keeping freed host memory", stacklevel=2)
+    if choice == "system" or not sys.platform.startswith("linux"):
         return False
     if accelerator_plugin_installed() or backend_running():
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-        if not libc.gnu_get_libc_version:    # glibc only: the parameters below mean something else elsewhere
-            return False
-    except (OSError, AttributeError):
+    except OSError:
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):     # glibc only: the parameters below mean something else elsewhere
         return False
     global applied
     # M_TRIM_THRESHOLD -1 is glibc's SIZE_MAX (its value is converted to size_t): never trim the heap
-    applied = all(mallopt(param, value) == 1 for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0),
+    applied = all(libc.mallopt(param, value) == 1 for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0),
                                                                   (M_TRIM_THRESHOLD, -1)))
     return applied

@@ -68,3 +68,9 @@ def test_nothing_is_claimed_once_a_backend_runs():
     jnp.ones(2).block_until_ready()
     assert host_allocator.backend_running()
     assert not host_allocator.keep_freed_host_memory()
+
+
+def test_a_misspelt_choice_is_named_in_a_warning():
+    out = subprocess.run([sys.executable, "-c", "import jaxcore"], env={**os.environ, "JAXCORE_HOST_MALLOC": "sytem"},
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert "JAXCORE_HOST_MALLOC='sytem' is neither 'keep' nor 'system'" in out.stderr
