@@ -67,7 +67,7 @@ def device_info() -> dict[str, Any]:
             "host": platform.node(), "cpu": cpu_model(), "cpu_cores": os.cpu_count(),
             "load_average": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
             "versions": library_versions(), "torch_threads": torch_threads(),
-            "host_malloc": "kept (jaxcore.runtime.host_allocator)" if host_allocator.applied else "system",
+            "host_malloc": host_allocator.policy(),        # jaxcore.runtime.host_allocator
             "env": {k: os.environ[k] for k in env_keys if k in os.environ}}
 
 

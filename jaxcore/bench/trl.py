@@ -27,6 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from jaxcore.bench import BenchOptions, bench_checkpoint, device_info
+from jaxcore.runtime import host_allocator
 
 PROMPTS = ["Explain in detail how a bicycle works.", "Describe a busy city street in the morning."]   # long answers
 REGIMES = {"fill": 1e-6, "short": 3e-5}
@@ -120,7 +121,7 @@ def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations:
 def run_in_child(side: str, spec: dict[str, Any]) -> dict[str, Any]:
     """One side's run (`trl_run` or `jax_run` with `spec` as keyword arguments) in a fresh Python process, TRL's
     with glibc's own allocator; its result, plus `host_malloc`: the allocator policy the run had."""
-    env = {**os.environ, **({"JAXCORE_HOST_MALLOC": "system"} if side == "trl" else {})}
+    env = {**os.environ, **({host_allocator.ENV: "system"} if side == "trl" else {})}
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps({"side": side, **spec}))
@@ -131,14 +132,12 @@ def run_in_child(side: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def child_main(out_dir: str) -> None:
     """The child process of `run_in_child`: reads `spec.json` in `out_dir`, writes `result.json` there."""
-    from jaxcore.runtime import host_allocator
-
     out = Path(out_dir)
     spec = json.loads((out / "spec.json").read_text())
     side = spec.pop("side")
     spec["out"] = out / "run"
     got = trl_run(**spec) if side == "trl" else jax_run(**spec)
-    got["host_malloc"] = "kept" if host_allocator.applied else "system"
+    got["host_malloc"] = host_allocator.policy()
     (out / "result.json").write_text(json.dumps(got))
 
 

@@ -28,6 +28,11 @@ applied = False                             # whether this process runs with the
 ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 
 
+def policy() -> str:
+    """What this process runs with, for reports: "kept" (the policy above) or "system" (glibc's defaults)."""
+    return "kept" if applied else "system"
+
+
 def accelerator_plugin_installed() -> bool:
     """Whether a JAX GPU/TPU plugin module is installed (then XLA:CPU's host buffers are not the hot path)."""
     return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
