@@ -16,14 +16,13 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from jaxcore.agents import run_episodes
 from jaxcore.es import eggroll
 from jaxcore.es.config import ESConfig
 from jaxcore.es.memory import plan_job
 from jaxcore.model.config import config_from_hf
-from jaxcore.model.state import flat_state, write_params
+from jaxcore.model.state import flat_state, module_copy, write_params
 from jaxcore.parallel import meshes, sharding
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.rewards import Example, Scorer
@@ -71,8 +70,7 @@ def compute_model(model: Any, mesh: jax.sharding.Mesh) -> Any:
     size = mesh.shape[meshes.MODEL]
     flat = sharding.shard_params(flat_state(model), lambda path, shape: sharding.tensor_parallel_spec(
         path, shape, meshes.MODEL, size, model.config.head_dim), mesh, dtype=model.dtype)
-    graphdef, state = nnx.split(model)
-    copy = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    copy = module_copy(model)
     write_params(copy, flat)
     return copy
 

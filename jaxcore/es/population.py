@@ -23,9 +23,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from jaxcore.model.state import variable_at
+from jaxcore.model.state import module_copy, variable_at
 from jaxcore.model.transformer import Transformer
 
 Array = jax.Array
@@ -141,8 +140,7 @@ def perturbed_model(base: Transformer, noise: MemberNoise) -> Transformer:
 
     The base parameters are shared, not copied; `base` itself is left unchanged.
     """
-    graphdef, state = nnx.split(base)
-    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))   # fresh Variables over the same arrays
+    model = module_copy(base)
     for path, (a_PIR, b_POR) in noise.low_rank.items():
         variable = variable_at(model, path)
         variable.set_value(LowRankPerturbed(variable.get_value(), a_PIR, b_POR))

@@ -26,7 +26,7 @@ from annotated_types import Ge, Interval, MinLen
 from flax import nnx
 
 from jaxcore.config.schema import Checked
-from jaxcore.model.state import variable_at
+from jaxcore.model.state import module_copy, variable_at
 from jaxcore.model.transformer import Transformer
 
 Array = jax.Array
@@ -102,8 +102,7 @@ def lora_model(base: Transformer, adapters: Adapters, cfg: LoRAConfig, key: Arra
 
     The base parameters are shared, not copied; `base` itself is left unchanged.
     """
-    graphdef, state = nnx.split(base)
-    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    model = module_copy(base)
     for i, (path, ab) in enumerate(sorted(adapters.items())):
         variable = variable_at(model, path)
         layer_key = None if key is None else jax.random.fold_in(key, i)
@@ -113,8 +112,7 @@ def lora_model(base: Transformer, adapters: Adapters, cfg: LoRAConfig, key: Arra
 
 def merged_model(base: Transformer, adapters: Adapters, cfg: LoRAConfig, dtype: Any = jnp.float32) -> Transformer:
     """`base` with ``w + scaling * a @ b`` in `dtype` in every targeted kernel (peft's `merge_and_unload`)."""
-    graphdef, state = nnx.split(base)
-    model = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
+    model = module_copy(base)
     for path, ab in adapters.items():
         variable = variable_at(model, path)
         w = variable.get_value().astype(jnp.float32)

@@ -11,20 +11,37 @@ import numpy as np
 from flax import nnx
 
 
+def _is_variable(node: Any) -> bool:
+    return isinstance(node, nnx.Variable)
+
+
+def _path_part(key: Any) -> str:
+    """One step of a pytree key path as it appears in a dotted parameter path ('blocks', '0', 'kernel')."""
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return key.name
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, jax.tree_util.DictKey):
+        return str(key.key)
+    return str(key)
+
+
 def flat_state(model: nnx.Module) -> dict[str, Any]:
-    """{'blocks.0.attn.q.kernel': value, ...} for every parameter of the model."""
-    flat: dict[str, Any] = {}
+    """{'blocks.0.attn.q.kernel': value, ...} for every parameter of the model, in `nnx.state`'s order.
 
-    def walk(node: Any, prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            if isinstance(value, dict):
-                walk(value, path + ".")
-            else:
-                flat[path] = value
+    Read through the module's pytree structure (flax's `nnx.Module` is a pytree) rather than `nnx.state`'s graph
+    traversal: the same entries in the same order, 2.6 instead of 12-19 ms on SmolLM2-135M's 272 parameters,
+    and the ES and GRPO loops read their parameters several times per step."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(model, is_leaf=_is_variable)
+    return {".".join(_path_part(key) for key in path): variable.get_value()
+            for path, variable in leaves if isinstance(variable, nnx.Param)}
 
-    walk(nnx.to_pure_dict(nnx.state(model, nnx.Param)), "")
-    return flat
+
+def module_copy(model: nnx.Module) -> Any:
+    """The same module with fresh Variables over the same values: setting a value on the copy (a stand-in, a
+    resharded array) leaves `model` unchanged. What ``nnx.merge(graphdef, jax.tree.map(lambda x: x, state))``
+    makes, through the pytree structure (4 instead of ~15 ms on SmolLM2-135M)."""
+    return jax.tree.map(lambda x: x, model)
 
 
 def variable_at(model: nnx.Module, path: str) -> nnx.Variable:
