@@ -1,7 +1,8 @@
 """generate.jax_over_hf: tokens/s of jaxcore.inference.generate over HF `generate` on the same model and batch.
 
 Greedy decoding of `new_tokens` tokens for `batch` prompts of `prompt_len` tokens, no EOS, so both
-produce exactly batch * new_tokens tokens. JAX compile time is excluded by a warm-up call.
+produce exactly batch * new_tokens tokens, and neither computes the tokens' log-probs (HF's `output_scores`
+is off by default; jaxcore's `logprobs=False`). JAX compile time is excluded by a warm-up call.
 
 Roofline: `generate.jax_roofline` is the whole call (prefill + decode steps); `generate.decode_roofline`
 is the decode loop alone, measured as the call's time minus the prefill's (timed on its own: the same
@@ -72,8 +73,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     ids = rng.integers(3, model.config.vocab_size, (s["batch"], s["prompt_len"])).astype(np.int32)
     mask = np.ones_like(ids)
 
-    def jax_generate():
-        return jax.block_until_ready(generate(model, ids, mask, max_new_tokens=s["new_tokens"], temperature=0.0))
+    def jax_generate():     # no log-probs: HF's generate computes no scores unless asked (output_scores)
+        return jax.block_until_ready(generate(model, ids, mask, max_new_tokens=s["new_tokens"], temperature=0.0,
+                                              logprobs=False))
 
     device = torch_device()
     torch_dtype = torch.bfloat16 if options.dtype == "bfloat16" else torch.float32
