@@ -53,8 +53,8 @@ from jaxcore.hf.tokenization import PromptLimit, limit_prompts
 from jaxcore.inference.generate import (
     GenerationResult,
     bucket_length,
-    cast_floating,
     decode,
+    in_compute_dtype,
     place_rows,
     prefill,
 )
@@ -209,11 +209,10 @@ class Episodes:
                 **{f"rewards/{k}/failures": v for k, v in self.env_reward_failures.items()}}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
-def _extend(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, ids_BS: jax.Array, positions_BS: jax.Array,
-            valid_BS: jax.Array, index: jax.Array) -> tuple[jax.Array, KVCache]:
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _extend(model: nnx.Module, cache: KVCache, ids_BS: jax.Array, positions_BS: jax.Array, valid_BS: jax.Array,
+            index: jax.Array) -> tuple[jax.Array, KVCache]:
     """Write a chunk of appended tokens after the cache's filled slots; the logits after each row's last one."""
-    model = nnx.merge(graphdef, state)
     logits_B1V, cache = model.forward_cached(ids_BS, positions_BS, valid_BS, cache, index, last_only=True)
     return logits_B1V[:, 0], cache
 
@@ -286,9 +285,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     key = key if key is not None else jax.random.key(0)
     eos = tuple(int(e) for e in eos_token_ids)
     place = functools.partial(place_rows, row_sharding=row_sharding)     # host arrays where the rows live
-    graphdef, state = nnx.split(model)
-    if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
-        state = cast_floating(state, model.dtype)
+    model = in_compute_dtype(model)
 
     completion: list[list[int]] = [[] for _ in range(b)]
     from_model: list[list[int]] = [[] for _ in range(b)]
@@ -305,7 +302,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
         slots after it, and the first free slot."""
         width = bucket_length(max(len(p) + len(c) for p, c in zip(prompts, completion)), SEQUENCE_BUCKETS)
         ids, mask = _left_pad([p + c for p, c in zip(prompts, completion)], width, pad_token_id)
-        logits, cache = prefill(graphdef, state, place(ids), place(mask), cache_length=width + extra_slots)
+        logits, cache = prefill(model, place(ids), place(mask), cache_length=width + extra_slots)
         return logits, cache, width
 
     # a cache sized for the prompt and the whole episode, plus one turn of slots that waiting rows leave empty
@@ -313,7 +310,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     for turn in range(budget):          # every turn adds a token to some row: the budget bounds the turns
         logits_BV = jnp.where(place(active[:, None]), logits_BV, forced_eos_V)     # waiting rows: EOS at once
         positions_B = np.array([len(p) + len(c) for p, c in zip(prompts, completion)], np.int32)
-        result, cache = decode(graphdef, state, cache, logits_BV, place(positions_B), jnp.int32(index),
+        result, cache = decode(model, cache, logits_BV, place(positions_B), jnp.int32(index),
                                jax.random.fold_in(key, turn), max_new_tokens=per_turn, sampling=sampling,
                                eos_ids=eos, pad_id=int(pad_token_id))
         tokens_BN, logp_BN = gather_rows(result.tokens), gather_rows(result.logprobs)
@@ -376,7 +373,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
             ids_BS[r, width - len(chunk):] = chunk
             valid_BS[r, width - len(chunk):] = 1
             positions_BS[r, width - len(chunk):] = np.arange(start, start + len(chunk))
-        logits_BV, cache = _extend(graphdef, state, cache, place(ids_BS), place(positions_BS), place(valid_BS),
+        logits_BV, cache = _extend(model, cache, place(ids_BS), place(positions_BS), place(valid_BS),
                                    jnp.int32(index))
         index += width
 

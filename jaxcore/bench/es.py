@@ -48,18 +48,16 @@ def generate_bytes(model: Any, ids: np.ndarray, new_tokens: int) -> dict[str, in
     """Bytes XLA plans for generate()'s prefill and decode programs with this model and batch."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
     from jaxcore.inference import generate as gen
     from jaxcore.inference.sampling import SamplingConfig
 
-    graphdef, state = nnx.split(model)
     length = gen.bucket_length(ids.shape[1])
     ids_j = jnp.zeros((ids.shape[0], length), jnp.int32)
-    prefill = compiled_bytes(gen.prefill, graphdef, state, ids_j, ids_j, cache_length=length + new_tokens)
-    logits, cache = jax.eval_shape(functools.partial(gen.prefill, graphdef, cache_length=length + new_tokens),
-                                   state, ids_j, ids_j)
-    decode = compiled_bytes(gen.decode, graphdef, state, cache, logits, jnp.zeros(ids.shape[0], jnp.int32),
+    prefill = compiled_bytes(gen.prefill, model, ids_j, ids_j, cache_length=length + new_tokens)
+    logits, cache = jax.eval_shape(functools.partial(gen.prefill, cache_length=length + new_tokens), model, ids_j,
+                                   ids_j)
+    decode = compiled_bytes(gen.decode, model, cache, logits, jnp.zeros(ids.shape[0], jnp.int32),
                             jnp.int32(length), jax.random.key(0), max_new_tokens=new_tokens,
                             sampling=SamplingConfig(temperature=0.0), eos_ids=(), pad_id=0)
     cache_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache))

@@ -41,19 +41,15 @@ def prefill_call(model: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int)
     as a blocking zero-argument call."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
-    from jaxcore.inference.generate import bucket_length, cast_floating, pad_left, prefill
+    from jaxcore.inference.generate import bucket_length, in_compute_dtype, pad_left, prefill
 
     length = bucket_length(ids.shape[1])
     ids_p, mask_p = (jnp.asarray(x) for x in pad_left(ids, mask, length, 0))
-    graphdef, state = nnx.split(model)
 
     def call() -> Any:
-        st = state
-        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(st)):
-            st = cast_floating(st, model.dtype)
-        return jax.block_until_ready(prefill(graphdef, st, ids_p, mask_p, cache_length=length + new_tokens))
+        return jax.block_until_ready(prefill(in_compute_dtype(model), ids_p, mask_p,
+                                             cache_length=length + new_tokens))
 
     return call
 

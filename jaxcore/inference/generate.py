@@ -68,20 +68,28 @@ def pad_left(ids_BT: np.ndarray, mask_BT: np.ndarray, length: int, pad_id: int) 
             np.pad(mask_BT, ((0, 0), (extra, 0)), constant_values=0))
 
 
+def in_compute_dtype(model: nnx.Module) -> nnx.Module:
+    """`model` with every floating weight in its compute dtype (`model.dtype`): itself when they all are, else a
+    copy cast once (so the decode loop streams half the bytes in bf16, and no step casts them again)."""
+    if all(x.dtype == model.dtype for x in jax.tree.leaves(model) if jnp.issubdtype(x.dtype, jnp.floating)):
+        return model
+    return _cast_floating(model, model.dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("dtype",))
-def cast_floating(state: nnx.State, dtype: Any) -> nnx.State:
-    """Master weights in the compute dtype, so the decode loop streams half the bytes in bf16."""
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+def _cast_floating(model: nnx.Module, dtype: Any) -> nnx.Module:
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, model)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_length", "repeats"))
-def prefill(graphdef: nnx.GraphDef, state: nnx.State, ids_BT: Array, mask_BT: Array,
-            cache_length: int, repeats: int = 1) -> tuple[Array, KVCache]:
+# The jitted functions below take the model itself: flax modules are pytrees, so jit flattens one in ~1 ms where
+# `nnx.split` took 11 ms on SmolLM2-135M and its graphdef, a static argument, was hashed at every call.
+@functools.partial(jax.jit, static_argnames=("cache_length", "repeats"))
+def prefill(model: nnx.Module, ids_BT: Array, mask_BT: Array, cache_length: int, repeats: int = 1
+            ) -> tuple[Array, KVCache]:
     """One jitted forward of left-padded prompts into a fresh KV cache of `cache_length` slots: the logits after
     each row's last token, and the cache (slots from `ids_BT.shape[1]` on free). With `repeats=n` both come back
     with every row repeated n times (prompt-major, as `np.repeat`): n samples of a prompt share one prefill.
-    One program per (graphdef, shapes, cache_length, repeats)."""
-    model = nnx.merge(graphdef, state)
+    One program per (model structure, shapes, cache_length, repeats)."""
     cache = KVCache.create(model.config, ids_BT.shape[0], cache_length, model.dtype)
     logits_B1V, cache = model.forward_cached(ids_BT, positions_from_mask(mask_BT), mask_BT, cache,
                                              jnp.int32(0), last_only=True)
@@ -90,11 +98,11 @@ def prefill(graphdef: nnx.GraphDef, state: nnx.State, ids_BT: Array, mask_BT: Ar
     return jax.tree.map(lambda x_B: jnp.repeat(x_B, repeats, axis=0), (logits_B1V[:, 0], cache))
 
 
-def shares_prefill(state: nnx.State) -> bool:
+def shares_prefill(model: nnx.Module) -> bool:
     """Whether each row's outputs depend on its own tokens only, so that repeated prompts can share one prefill:
     every weight a plain array or a LoRA stand-in without dropout. Any other stand-in (an EGGROLL population's
     ties rows to members by their position in the batch) does not."""
-    values = (v.get_value() for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    values = (v.get_value() for v in jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, nnx.Variable)))
     return all(isinstance(v, jax.Array) or (isinstance(v, LoRAKernel) and (v.key is None or v.dropout == 0.0))
                for v in values)
 
@@ -115,9 +123,9 @@ def row_shards(row_sharding: jax.sharding.Sharding | None) -> int:
     return int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "eos_ids", "pad_id",
-                                             "with_logprobs"), donate_argnames=("cache",))
-def decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: Array, next_position_B: Array,
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "sampling", "eos_ids", "pad_id", "with_logprobs"),
+                   donate_argnames=("cache",))
+def decode(model: nnx.Module, cache: KVCache, logits_BV: Array, next_position_B: Array,
            start_index: Array, key: Array, *, max_new_tokens: int, sampling: SamplingConfig,
            eos_ids: tuple[int, ...], pad_id: int, with_logprobs: bool = True) -> tuple[GenerationResult, KVCache]:
     """The jitted decode loop: up to `max_new_tokens` tokens per row sampled from `logits_BV` on, each written to
@@ -125,7 +133,6 @@ def decode(graphdef: nnx.GraphDef, state: nnx.State, cache: KVCache, logits_BV: 
     row has emitted an EOS. Returns the tokens and the cache (`jaxcore.agents` keeps it across turns). Without
     `with_logprobs` the logprobs stay 0 (a log-sum-exp over the vocabulary per step saved: 2.5 ms of a ~110 ms
     step over SmolLM2's 49,152 logits at 60 rows on two CPU cores)."""
-    model = nnx.merge(graphdef, state)
     rows = logits_BV.shape[0]
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
 
@@ -192,19 +199,17 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
         raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
                          f"{config.max_position_embeddings} learned positions")
     ids_BT, mask_BT = pad_left(ids_BT, mask_BT, length, pad_token_id)
-    graphdef, state = nnx.split(model)
     # n samples of a prompt share its prefill unless the model ties rows to their batch position or the distinct
     # prompts cannot be sharded like the repeated rows (then every repeated row is prefilled, as before)
     n = num_return_sequences
-    repeats = n if shares_prefill(state) and ids_BT.shape[0] % row_shards(row_sharding) == 0 else 1
+    repeats = n if shares_prefill(model) and ids_BT.shape[0] % row_shards(row_sharding) == 0 else 1
     if n > repeats:
         ids_BT, mask_BT = np.repeat(ids_BT, n, axis=0), np.repeat(mask_BT, n, axis=0)
     ids, mask = place_rows(ids_BT, row_sharding), place_rows(mask_BT, row_sharding)
-    if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != model.dtype for x in jax.tree.leaves(state)):
-        state = cast_floating(state, model.dtype)       # once per call, not in every decode step
-    logits_BV, cache = prefill(graphdef, state, ids, mask, cache_length=length + max_new_tokens, repeats=repeats)
+    model = in_compute_dtype(model)                 # once per call, not in every decode step
+    logits_BV, cache = prefill(model, ids, mask, cache_length=length + max_new_tokens, repeats=repeats)
     next_position_B = place_rows(np.repeat(mask_BT.sum(-1, dtype=np.int32), repeats), row_sharding)
-    result, _ = decode(graphdef, state, cache, logits_BV, next_position_B, jnp.int32(length),
+    result, _ = decode(model, cache, logits_BV, next_position_B, jnp.int32(length),
                        key if key is not None else jax.random.key(0), max_new_tokens=max_new_tokens,
                        sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id),
                        with_logprobs=logprobs)

@@ -130,17 +130,15 @@ def test_population_decode_has_plain_inference_memory_and_no_noise_generation(ll
     noise = sum(x.nbytes for x in jax.tree.leaves(eggroll.member_noise(plan, jnp.int32(0))))
     # The decode loop updates the cache in place: no copy of it, only the factors on top.
     assert population["decode"] - plain["decode"] < noise + plain["cache"] // 2
-    from flax import nnx
 
     from jaxcore.inference.sampling import SamplingConfig
     from jaxcore.model.transformer import KVCache
 
-    graphdef, state = nnx.split(pop)
     cache = KVCache.create(llama.config, 6, 24, jnp.float32)
-    jaxpr = jax.make_jaxpr(lambda s, c: decode.__wrapped__(
-        graphdef, s, c, jnp.zeros((6, llama.config.vocab_size)), jnp.ones(6, jnp.int32), jnp.int32(16),
+    jaxpr = jax.make_jaxpr(lambda m, c: decode.__wrapped__(
+        m, c, jnp.zeros((6, llama.config.vocab_size)), jnp.ones(6, jnp.int32), jnp.int32(16),
         jax.random.key(0), max_new_tokens=4, sampling=SamplingConfig(temperature=0.0), eos_ids=(), pad_id=0))(
-        state, cache)
+        pop, cache)
     assert "random_bits" not in str(jaxpr) and "threefry" not in str(jaxpr)
 
 

@@ -42,7 +42,7 @@ def decode_step(graphdef: nnx.GraphDef, state: nnx.State, cache, token_B: jax.Ar
 def step_cost(model) -> dict[str, float]:
     graphdef, state = nnx.split(model)
     ids_BT = jnp.ones((ROWS, PROMPT), jnp.int32)
-    _, cache = jax.eval_shape(functools.partial(prefill, graphdef, cache_length=PROMPT + NEW), state, ids_BT, ids_BT)
+    _, cache = jax.eval_shape(functools.partial(prefill, cache_length=PROMPT + NEW), model, ids_BT, ids_BT)
     zeros_B = jnp.zeros(ROWS, jnp.int32)
     compiled = decode_step.lower(graphdef, state, cache, zeros_B, zeros_B, jnp.int32(PROMPT)).compile()
     cost = compiled.cost_analysis()
@@ -83,7 +83,7 @@ def test_decode_attention_multiplies_the_cache_untransposed(bench_model):
     every layer's whole key cache at every step: 0.5 ms of a 2.5 ms layer on the bench model at 32 rows."""
     graphdef, state = nnx.split(bench_model)
     ids_BT = jnp.ones((ROWS, PROMPT), jnp.int32)
-    _, cache = jax.eval_shape(functools.partial(prefill, graphdef, cache_length=PROMPT + NEW), state, ids_BT, ids_BT)
+    _, cache = jax.eval_shape(functools.partial(prefill, cache_length=PROMPT + NEW), bench_model, ids_BT, ids_BT)
     zeros_B = jnp.zeros(ROWS, jnp.int32)
     jaxpr = jax.make_jaxpr(decode_step.__wrapped__, static_argnums=0)(graphdef, state, cache, zeros_B, zeros_B,
                                                                      jnp.int32(PROMPT))
@@ -132,12 +132,11 @@ def test_decode_without_logprobs_skips_the_vocabulary_log_sum_exp(bench_model):
                                     logprobs=False)
     np.testing.assert_array_equal(bare.tokens, full.tokens)
     assert not np.asarray(bare.logprobs).any() and np.asarray(full.logprobs).any()
-    graphdef, state = nnx.split(bench_model)
-    logits_BV, cache = jax.eval_shape(functools.partial(prefill, graphdef, cache_length=16), state, ids, ids)
+    logits_BV, cache = jax.eval_shape(functools.partial(prefill, cache_length=16), bench_model, ids, ids)
     exps = {}
     for with_logprobs in (True, False):
-        loop = functools.partial(generate_module.decode.__wrapped__, graphdef, max_new_tokens=6, eos_ids=(), pad_id=0,
+        loop = functools.partial(generate_module.decode.__wrapped__, max_new_tokens=6, eos_ids=(), pad_id=0,
                                  sampling=SamplingConfig(temperature=0.0), with_logprobs=with_logprobs)
-        jaxpr = jax.make_jaxpr(loop)(state, cache, logits_BV, ids[:, 0], 8, jax.random.key(0))
+        jaxpr = jax.make_jaxpr(loop)(bench_model, cache, logits_BV, ids[:, 0], 8, jax.random.key(0))
         exps[with_logprobs] = str(jaxpr).count(" exp ")
     assert exps[False] < exps[True], exps

@@ -133,8 +133,6 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
     whole_heads`)."""
     import re
 
-    from flax import nnx
-
     from jaxcore.inference.generate import prefill
 
     model = jaxcore.load_hf(tiny_dir("llama", tie=True, kv_heads=4))   # tied: no [H, 259] lm_head (259 % 4)
@@ -142,16 +140,15 @@ def test_prefill_on_the_mesh_holds_a_quarter_of_each_weight(tiny_dir):
     compute = compute_model(model, mesh)
     rows = meshes.leading_axis(mesh, meshes.POP)
     ids = sharding.put_global(np.ones((10, 16), np.int32), rows)       # 5 rows per pop device
-    graphdef, state = nnx.split(compute)
-    compiled = prefill.lower(graphdef, state, ids, ids, cache_length=24).compile()
+    compiled = prefill.lower(compute, ids, ids, cache_length=24).compile()
     weights = {k: v for k, v in flat_state(compute).items() if v.ndim == 2}
     specs = jax.tree.leaves(compiled.input_shardings[0][0])
-    assert len(specs) == len(jax.tree.leaves(state))
-    for leaf, arg_sharding in zip(jax.tree.leaves(state), specs):
+    assert len(specs) == len(jax.tree.leaves(compute))
+    for leaf, arg_sharding in zip(jax.tree.leaves(compute), specs):
         if leaf.ndim == 2:
             shard = arg_sharding.shard_shape(leaf.shape)
             assert np.prod(shard) == leaf.size // 4, (leaf.shape, shard)
-    replicated_bytes = sum(v.nbytes for v in jax.tree.leaves(state))
+    replicated_bytes = sum(v.nbytes for v in jax.tree.leaves(compute))
     argument_bytes = compiled.memory_analysis().argument_size_in_bytes
     print(f"prefill arguments per device {argument_bytes} B vs replicated weights {replicated_bytes} B "
           f"({argument_bytes / replicated_bytes:.3f})")

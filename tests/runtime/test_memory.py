@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -88,7 +87,6 @@ def test_generation_terms_match_xla_on_a_pop_model_mesh():
     mesh = meshes.es_mesh(2)
     population, prompts, prompt_tokens, new_tokens = 16, 2, 16, 16
     pop, _ = sharded_population(cfg, mesh, population, jnp.float32)
-    graphdef, state = nnx.split(pop)
     rows, t = population * prompts, bucket_length(prompt_tokens)
     row_sharding = NamedSharding(mesh, P(meshes.POP))
     ids = jax.ShapeDtypeStruct((rows, t), jnp.int32, sharding=row_sharding)
@@ -96,12 +94,12 @@ def test_generation_terms_match_xla_on_a_pop_model_mesh():
                                   prompt_tokens=prompt_tokens, max_new_tokens=new_tokens, devices=8, model_axis=2)
     weights = planned.terms["compute weights"] + planned.terms["factors"]
 
-    prefill = generation.prefill.lower(graphdef, state, ids, ids, cache_length=t + new_tokens).compile()
+    prefill = generation.prefill.lower(pop, ids, ids, cache_length=t + new_tokens).compile()
     stats = prefill.memory_analysis()
     ids_bytes = 2 * (rows // 4) * t * 4                      # ids and mask, rows over pop=4
     close(weights, stats.argument_size_in_bytes - ids_bytes)
     out_logits, out_cache = jax.eval_shape(
-        lambda s, i: generation.prefill(graphdef, s, i, i, cache_length=t + new_tokens), state, ids)
+        lambda m, i: generation.prefill(m, i, i, cache_length=t + new_tokens), pop, ids)
     logits_sharding, cache_sharding = prefill.output_shardings
     assert cache_sharding.keys[0].spec == P(meshes.POP, meshes.MODEL)      # kv heads over "model"
     kv = per_device((out_cache.keys, out_cache.values), (cache_sharding.keys, cache_sharding.values))
@@ -111,7 +109,7 @@ def test_generation_terms_match_xla_on_a_pop_model_mesh():
     cache = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), out_cache, cache_sharding)
     logits = jax.ShapeDtypeStruct(out_logits.shape, out_logits.dtype, sharding=logits_sharding)
     positions = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=row_sharding)
-    decode = generation.decode.lower(graphdef, state, cache, logits, positions, jnp.int32(t), jax.random.key(0),
+    decode = generation.decode.lower(pop, cache, logits, positions, jnp.int32(t), jax.random.key(0),
                                      max_new_tokens=new_tokens, sampling=SamplingConfig(), eos_ids=(),
                                      pad_id=0).compile()
     stats = decode.memory_analysis()
@@ -126,10 +124,9 @@ def test_kv_cache_when_mesh_model_does_not_divide_the_kv_heads():
                   vocab_size=1024)
     mesh = meshes.es_mesh(4)
     pop, _ = sharded_population(cfg, mesh, 8, jnp.float32)
-    graphdef, state = nnx.split(pop)
     ids = jax.ShapeDtypeStruct((16, 16), jnp.int32, sharding=NamedSharding(mesh, P(meshes.POP)))
-    prefill = generation.prefill.lower(graphdef, state, ids, ids, cache_length=32).compile()
-    _, cache = jax.eval_shape(lambda s, i: generation.prefill(graphdef, s, i, i, cache_length=32), state, ids)
+    prefill = generation.prefill.lower(pop, ids, ids, cache_length=32).compile()
+    _, cache = jax.eval_shape(lambda m, i: generation.prefill(m, i, i, cache_length=32), pop, ids)
     shardings = prefill.output_shardings[1]
     assert shardings.keys[0].spec in (P(meshes.POP), P(meshes.POP, None))
     kv = per_device((cache.keys, cache.values), (shardings.keys, shardings.values))
