@@ -38,6 +38,7 @@ from jaxcore.grpo.step import (
 )
 from jaxcore.hf import peft
 from jaxcore.model import lora
+from jaxcore.model.state import module_copy
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import BATCH_AXES, FSDP, replicated
@@ -49,7 +50,7 @@ RefModel = Transformer | Callable[[], Transformer] | None
 
 def configure_model(model: Transformer, compute_dtype: str | None, remat: bool | None) -> Transformer:
     """A view of `model` (sharing its arrays) with another compute dtype and/or remat setting."""
-    copy = nnx.merge(*nnx.split(model))
+    copy = module_copy(model)
     if compute_dtype is not None:
         copy.dtype = jnp.dtype(compute_dtype)
     if remat is not None:
