@@ -142,6 +142,43 @@ def test_population_decode_has_plain_inference_memory_and_no_noise_generation(ll
     assert "random_bits" not in str(jaxpr) and "threefry" not in str(jaxpr)
 
 
+def abstract_llama(layers: int):
+    """A tiny-width Llama of `layers` layers as shapes only (no weights): enough for a noise plan."""
+    from flax import nnx
+
+    from jaxcore.hf.tiny import hf_config
+    from jaxcore.model.config import config_from_hf
+    from jaxcore.model.transformer import Transformer
+
+    config = config_from_hf(hf_config("llama", "tiny", vocab_size=259, layers=layers).to_dict())
+    return nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_noise_programs_hold_the_normal_once_per_kind_of_matrix_not_per_layer(dtype):
+    """The normal's inverse-erf polynomial (its selects) is compiled once per kind of matrix, whatever the
+    depth. Before, XLA fused it into every layer's slice of the draw: 308 selects at 2 layers, 924 at 6, and
+    at 135M 8.5 s of XLA:CPU compilation (now ~3 s)."""
+    counts = []
+    for layers in (2, 6):
+        plan = eggroll.make_plan(abstract_llama(layers), eggroll.EggrollConfig(population=16, rank=1))
+        groups = eggroll._group_noise.lower(plan, jnp.int32(0), dtype, None)
+        layer_cut = eggroll._layer_noise.lower(groups.out_info,
+                                               eggroll._target_groups(plan), None)
+        counts.append(sum(stage.compile().as_text().count(" select(") for stage in (groups, layer_cut)))
+    assert counts[0] == counts[1] > 0, counts
+
+
+def test_each_device_draws_only_its_own_pairs():
+    """On a mesh with the population over "pop", the per-kind draws are sharded over their pair axis."""
+    mesh = meshes.make_mesh({"pop": -1}, jax.devices()[:8])
+    rows = meshes.leading_axis(mesh, "pop")
+    plan = eggroll.make_plan(abstract_llama(2), eggroll.EggrollConfig(population=16, rank=1))
+    for drawn in eggroll._group_noise(plan, jnp.int32(0), jnp.float32, rows):
+        assert drawn.sharding.spec[:2] == (None, "pop"), drawn.sharding
+        assert drawn.addressable_shards[0].data.shape[1] == 1             # 8 pairs over 8 devices
+
+
 def train_two_epochs(path, devices):
     model = jaxcore.load_hf(path)
     mesh = meshes.make_mesh({"pop": -1}, devices)
