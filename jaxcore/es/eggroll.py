@@ -272,18 +272,26 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
     """
     cfg = plan.config
     n = cfg.population
-    pairs = jnp.arange(n // 2)
-    raw = pair_factors(plan, jnp.asarray(epoch, jnp.int32), pairs)
     diff_P = fitness_N[0::2] - fitness_N[1::2]              # f_{2p} * (+1) + f_{2p+1} * (-1)
+    coeff_P = diff_P / (math.sqrt(cfg.rank) * n)
+    split_masters = any(any(sharding.spec) for _, sharding in out_sharding or ())
     grads = {}
-    for target in plan.targets:
-        if target.low_rank:
-            coeff_P = diff_P / (math.sqrt(cfg.rank) * n)
-            ab_PKR = raw[target.path]
-            a_PIR, b_POR = ab_PKR[:, :target.shape[0]], ab_PKR[:, target.shape[0]:]
-            grads[target.path] = jnp.einsum("p,pir,por->io", coeff_P, a_PIR, b_POR)
-        else:
-            grads[target.path] = jnp.tensordot(diff_P / n, raw[target.path], axes=1)
+    for targets, drawn_L in zip(_target_groups(plan), _drawn_groups(plan, jnp.asarray(epoch, jnp.int32),
+                                                                     jnp.arange(n // 2))):
+        if not targets[0].low_rank:
+            g_L = jnp.tensordot(diff_P / n, drawn_L, axes=((0,), (1,)))
+            grads.update({t.path: g_L[i] for i, t in enumerate(targets)})
+            continue
+        rows = targets[0].shape[0]
+
+        def pair_sum(ab_PKR: Array, rows: int = rows) -> Array:
+            return jnp.einsum("p,pir,por->io", coeff_P, ab_PKR[:, :rows], ab_PKR[:, rows:])
+
+        if split_masters:       # a product per layer: XLA draws on each device only the slice its part of g needs
+            grads.update({t.path: pair_sum(drawn_L[i]) for i, t in enumerate(targets)})
+        else:                   # one loop over the layers: a product per layer made XLA copy the normal's
+            g_L = jax.lax.map(pair_sum, drawn_L)        # inverse-erf polynomial into each (as in member_noise)
+            grads.update({t.path: g_L[i] for i, t in enumerate(targets)})
     for path, target_sharding in out_sharding or ():
         grads[path] = jax.lax.with_sharding_constraint(grads[path], target_sharding)
     return grads
