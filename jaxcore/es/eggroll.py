@@ -279,23 +279,29 @@ def _pair_gradients(target_groups: tuple[tuple[NoiseTarget, ...], ...], drawn: l
     return grads
 
 
-_draw_groups = jax.jit(_drawn_groups)
+def _constrained(grads: dict[str, Array], out_sharding: tuple[tuple[str, Any], ...] | None) -> dict[str, Array]:
+    for path, target_sharding in out_sharding or ():
+        grads[path] = jax.lax.with_sharding_constraint(grads[path], target_sharding)
+    return grads
 
 
-@functools.partial(jax.jit, static_argnames=("target_groups", "cfg"))
+@functools.partial(jax.jit, static_argnames="out_sharding")
+def _draw_groups(plan: NoisePlan, epoch: Array, out_sharding: Any) -> list[Array]:
+    drawn = _drawn_groups(plan, epoch, jnp.arange(plan.config.population // 2))
+    return drawn if out_sharding is None else jax.lax.with_sharding_constraint(drawn, out_sharding)
+
+
+@functools.partial(jax.jit, static_argnames=("target_groups", "cfg", "out_sharding"))
 def _gradient_from_draws(drawn: list[Array], fitness_N: Array, target_groups: tuple[tuple[NoiseTarget, ...], ...],
-                         cfg: EggrollConfig) -> dict[str, Array]:
-    return _pair_gradients(target_groups, drawn, fitness_N, cfg)
+                         cfg: EggrollConfig, out_sharding: tuple[tuple[str, Any], ...] | None) -> dict[str, Array]:
+    return _constrained(_pair_gradients(target_groups, drawn, fitness_N, cfg), out_sharding)
 
 
 @functools.partial(jax.jit, static_argnames=("out_sharding",))
 def _gradient_drawing_slices(plan: NoisePlan, epoch: Array, fitness_N: Array,
                              out_sharding: tuple[tuple[str, Any], ...]) -> dict[str, Array]:
-    grads = _pair_gradients(_target_groups(plan), _drawn_groups(plan, epoch, jnp.arange(plan.config.population // 2)),
-                            fitness_N, plan.config)
-    for path, target_sharding in out_sharding:
-        grads[path] = jax.lax.with_sharding_constraint(grads[path], target_sharding)
-    return grads
+    drawn = _drawn_groups(plan, epoch, jnp.arange(plan.config.population // 2))
+    return _constrained(_pair_gradients(_target_groups(plan), drawn, fitness_N, plan.config), out_sharding)
 
 
 def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
@@ -305,16 +311,18 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
 
     `out_sharding` ((path, sharding) pairs, e.g. the sharded masters'): each device computes only
     its slice of g (the factors are regenerated from the keys on every device; they are small).
-    Where no master is split, two programs, the draw and the products: in one program XLA fused the
-    normal's inverse-erf polynomial into every layer's product (10.3 s of XLA:CPU compilation at 135M,
-    population 256, against about 6 s, and slower to run). Split masters keep the one program, in which
-    XLA draws on each device only the slice its part of g needs.
+    Where no master is split, two programs, the draw (on every device of the masters' mesh) and the
+    products: in one program XLA fused the normal's inverse-erf polynomial into every layer's product
+    (11.7 s to the first result at 135M, population 256, against 6.6 s, and slower to run). Split masters
+    keep the one program, in which XLA draws on each device only the slice its part of g needs.
     """
     epoch = jnp.asarray(epoch, jnp.int32)
-    if any(any(sharding.spec) for _, sharding in out_sharding or ()):
+    shardings = [sharding for _, sharding in out_sharding or ()]
+    if any(any(sharding.spec) for sharding in shardings):
         return _gradient_drawing_slices(plan, epoch, fitness_N, out_sharding)
-    drawn = _draw_groups(plan, epoch, jnp.arange(plan.config.population // 2))
-    return _gradient_from_draws(drawn, fitness_N, _target_groups(plan), plan.config)
+    everywhere = NamedSharding(shardings[0].mesh, PartitionSpec()) if shardings else None
+    drawn = _draw_groups(plan, epoch, everywhere)
+    return _gradient_from_draws(drawn, fitness_N, _target_groups(plan), plan.config, out_sharding)
 
 
 def perturbed_params(model: Transformer, plan: NoisePlan) -> dict[str, Array]:

@@ -166,9 +166,9 @@ def test_the_noise_and_gradient_programs_hold_the_normal_once_per_kind_of_matrix
         groups = eggroll._group_noise.lower(plan, jnp.int32(0), dtype, None)
         layer_cut = eggroll._layer_noise.lower(groups.out_info, eggroll._target_groups(plan), None)
         noise_selects.append(sum(stage.compile().as_text().count(" select(") for stage in (groups, layer_cut)))
-        draw = eggroll._draw_groups.lower(plan, jnp.int32(0), jnp.arange(8))
+        draw = eggroll._draw_groups.lower(plan, jnp.int32(0), None)
         products = eggroll._gradient_from_draws.lower(draw.out_info, jnp.zeros(16), eggroll._target_groups(plan),
-                                                      plan.config)
+                                                      plan.config, None)
         gradient_selects.append(sum(stage.compile().as_text().count(" select(") for stage in (draw, products)))
     assert noise_selects[0] == noise_selects[1] > 0, noise_selects
     assert gradient_selects[0] == gradient_selects[1] > 0, gradient_selects
@@ -182,6 +182,21 @@ def test_each_device_draws_only_its_own_pairs():
     for drawn in eggroll._group_noise(plan, jnp.int32(0), jnp.float32, rows):
         assert drawn.sharding.spec[:2] == (None, "pop"), drawn.sharding
         assert drawn.addressable_shards[0].data.shape[1] == 1             # 8 pairs over 8 devices
+
+
+def test_the_gradient_of_replicated_masters_is_drawn_and_kept_on_every_device():
+    """Masters replicated over a "pop" mesh: the gradient comes back on every device of the mesh, each
+    drawing the factors itself (no draw on one device broadcast to the others)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = meshes.make_mesh({"pop": -1}, jax.devices()[:8])
+    everywhere = NamedSharding(mesh, PartitionSpec())
+    plan = eggroll.make_plan(abstract_llama(2), eggroll.EggrollConfig(population=16, rank=1))
+    grads = eggroll.estimate_gradient(plan, jnp.int32(0), jnp.arange(16.0),
+                                      out_sharding=tuple((t.path, everywhere) for t in plan.targets))
+    assert all(g.sharding.is_equivalent_to(everywhere, g.ndim) for g in grads.values())
+    compiled = eggroll._draw_groups.lower(plan, jnp.int32(0), everywhere).compile()
+    assert all(sharding.is_equivalent_to(everywhere, 3) for sharding in compiled.output_shardings)
 
 
 def train_two_epochs(path, devices):
