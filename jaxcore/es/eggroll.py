@@ -286,7 +286,8 @@ def _constrained(grads: dict[str, Array], out_sharding: tuple[tuple[str, Any], .
 
 
 @functools.partial(jax.jit, static_argnames="out_sharding")
-def _draw_groups(plan: NoisePlan, epoch: Array, out_sharding: Any) -> list[Array]:
+def _regenerated_draws(plan: NoisePlan, epoch: Array, out_sharding: Any) -> list[Array]:
+    """The gradient's unscaled draws (`_drawn_groups`), as one program, placed by `out_sharding`."""
     drawn = _drawn_groups(plan, epoch, jnp.arange(plan.config.population // 2))
     return drawn if out_sharding is None else jax.lax.with_sharding_constraint(drawn, out_sharding)
 
@@ -321,7 +322,7 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
     if any(any(sharding.spec) for sharding in shardings):
         return _gradient_drawing_slices(plan, epoch, fitness_N, out_sharding)
     everywhere = NamedSharding(shardings[0].mesh, PartitionSpec()) if shardings else None
-    drawn = _draw_groups(plan, epoch, everywhere)
+    drawn = _regenerated_draws(plan, epoch, everywhere)
     return _gradient_from_draws(drawn, fitness_N, _target_groups(plan), plan.config, out_sharding)
 
 

@@ -166,7 +166,7 @@ def test_the_noise_and_gradient_programs_hold_the_normal_once_per_kind_of_matrix
         groups = eggroll._group_noise.lower(plan, jnp.int32(0), dtype, None)
         layer_cut = eggroll._layer_noise.lower(groups.out_info, eggroll._target_groups(plan), None)
         noise_selects.append(sum(stage.compile().as_text().count(" select(") for stage in (groups, layer_cut)))
-        draw = eggroll._draw_groups.lower(plan, jnp.int32(0), None)
+        draw = eggroll._regenerated_draws.lower(plan, jnp.int32(0), None)
         products = eggroll._gradient_from_draws.lower(draw.out_info, jnp.zeros(16), eggroll._target_groups(plan),
                                                       plan.config, None)
         gradient_selects.append(sum(stage.compile().as_text().count(" select(") for stage in (draw, products)))
@@ -195,7 +195,7 @@ def test_the_gradient_of_replicated_masters_is_drawn_and_kept_on_every_device():
     grads = eggroll.estimate_gradient(plan, jnp.int32(0), jnp.arange(16.0),
                                       out_sharding=tuple((t.path, everywhere) for t in plan.targets))
     assert all(g.sharding.is_equivalent_to(everywhere, g.ndim) for g in grads.values())
-    compiled = eggroll._draw_groups.lower(plan, jnp.int32(0), everywhere).compile()
+    compiled = eggroll._regenerated_draws.lower(plan, jnp.int32(0), everywhere).compile()
     assert all(sharding.is_equivalent_to(everywhere, 3) for sharding in compiled.output_shardings)
 
 
