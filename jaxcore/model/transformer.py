@@ -25,6 +25,7 @@ from flax import nnx
 from jaxcore.model.config import ModelConfig
 
 Array = jax.Array
+Rope = tuple[Array, Array]          # cos and sin [B, T, 1, E] of the rotary angles (rope_tables)
 
 
 @jax.tree_util.register_dataclass
@@ -84,15 +85,30 @@ def rope_inverse_frequencies(config: ModelConfig, layer: int = 0) -> np.ndarray:
     return inv_freq
 
 
-def apply_rope(x_BTHE: Array, positions_BT: Array, inv_freq: np.ndarray) -> Array:
-    """Rotary embedding in HF's half-split layout, with angles computed in float32."""
-    angles_BTe = positions_BT[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
-    angles_BTE = jnp.concatenate([angles_BTe, angles_BTe], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles_BTE), jnp.sin(angles_BTE)
-    x = x_BTHE.astype(jnp.promote_types(x_BTHE.dtype, jnp.float32))     # float64 stays float64
+def rope_tables(positions_BT: Array, inv_freq: np.ndarray, positions_below: int | None = None) -> Rope:
+    """cos and sin [B, T, 1, E] of the rotary angles (positions * inverse frequencies, in float32), HF's
+    half-split layout.
+
+    With `positions_below` (a bound on every position), cos and sin are computed once per position and gathered:
+    XLA:CPU fuses them into every layer's rotation, forward and backward, and evaluates them there once per head
+    (an optimisation barrier does not stop it), which costs a twentieth of a CPU training step."""
+    def angles(positions: Array) -> Array:
+        angles_e = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
+        return jnp.concatenate([angles_e, angles_e], axis=-1)
+    if positions_below is None:
+        angles_BTE = angles(positions_BT)
+        return jnp.cos(angles_BTE)[:, :, None, :], jnp.sin(angles_BTE)[:, :, None, :]
+    angles_PE = angles(jnp.arange(positions_below))
+    return jnp.cos(angles_PE)[positions_BT][:, :, None, :], jnp.sin(angles_PE)[positions_BT][:, :, None, :]
+
+
+def rotate(x_BTHE: Array, rope: Rope) -> Array:
+    """Rotary embedding from `rope_tables`, computed in float32 (float64 stays float64)."""
+    cos_BT1E, sin_BT1E = rope
+    x = x_BTHE.astype(jnp.promote_types(x_BTHE.dtype, jnp.float32))
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos + rotated * sin).astype(x_BTHE.dtype)
+    return (x * cos_BT1E + rotated * sin_BT1E).astype(x_BTHE.dtype)
 
 
 def grouped_attention(q_BTHE: Array, k_BKES: Array, v_BKSE: Array, mask_BTS: Array, scale: float) -> Array:
@@ -218,19 +234,18 @@ class Attention(nnx.Module):
         self.q_norm = norm() if config.qk_norm else None
         self.k_norm = norm() if config.qk_norm else None
 
-    def __call__(self, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+    def __call__(self, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                  cache_kv: tuple[Array, Array] | None, cache_index: Array | None
                  ) -> tuple[Array, tuple[Array, Array] | None]:
+        """`rope`: this layer's rotary tables (`rope_tables` of the positions at its `inv_freq`), None without RoPE."""
         b, t, _ = x_BTD.shape
         q_BTHE = self.q(x_BTD).reshape(b, t, self.num_heads, self.head_dim)
         k_BTKE = self.k(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         v_BTKE = self.v(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
-        if self.use_rope:
-            inv_freq = np.asarray(self.inv_freq, np.float32)
-            q_BTHE = apply_rope(q_BTHE, positions_BT, inv_freq)
-            k_BTKE = apply_rope(k_BTKE, positions_BT, inv_freq)
+        if rope is not None:
+            q_BTHE, k_BTKE = rotate(q_BTHE, rope), rotate(k_BTKE, rope)
         k_BKET, v_BKTE = k_BTKE.transpose(0, 2, 3, 1), v_BTKE.swapaxes(1, 2)     # the cache's layout
         if cache_kv is None:
             keys, values, new_cache = k_BKET, v_BKTE, None
@@ -257,11 +272,11 @@ class Block(nnx.Module):
         self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
         self.mlp_post_norm = norm() if config.sandwich_norms else None
 
-    def __call__(self, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+    def __call__(self, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                  cache_kv: tuple[Array, Array] | None = None, cache_index: Array | None = None
                  ) -> tuple[Array, tuple[Array, Array] | None]:
         with jax.named_scope("attention"):
-            h_BTD, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, mask_BTS,
+            h_BTD, cache_kv = self.attn(self.attn_norm(x_BTD), rope, mask_BTS,
                                         cache_kv, cache_index)
         if self.attn_post_norm is not None:
             h_BTD = self.attn_post_norm(h_BTD)
@@ -317,11 +332,12 @@ class Transformer(nnx.Module):
         if attention_mask_BT is None:
             attention_mask_BT = jnp.ones(input_ids_BT.shape, bool)
         attention_mask_BT = attention_mask_BT.astype(bool)
+        positions_below = None                  # a bound on the positions, for the rotary tables
         if positions_BT is None:
-            positions_BT = positions_from_mask(attention_mask_BT)
+            positions_BT, positions_below = positions_from_mask(attention_mask_BT), input_ids_BT.shape[1]
         slot_T = jnp.arange(input_ids_BT.shape[1])
         hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, self._masks(slot_T, slot_T, attention_mask_BT),
-                                    None, None)
+                                    None, None, positions_below)
         return self.logits(hidden_BTD[:, logits_from:] if logits_from else hidden_BTD)
 
     def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
@@ -362,36 +378,43 @@ class Transformer(nnx.Module):
                 & valid_BS[:, None, :] for w in windows}
 
     def _trunk(self, input_ids_BT: Array, positions_BT: Array, masks: dict[int | None, Array],
-               cache_kv: list[tuple[Array, Array]] | None, cache_index: Array | None
-               ) -> tuple[Array, list[tuple[Array, Array]] | None]:
+               cache_kv: list[tuple[Array, Array]] | None, cache_index: Array | None,
+               positions_below: int | None = None) -> tuple[Array, list[tuple[Array, Array]] | None]:
         x_BTD = self.embed(input_ids_BT, self.dtype)
         if self.config.embed_scale is not None:     # Gemma: sqrt(hidden) rounded to the compute dtype, as HF does
             x_BTD = x_BTD * jnp.asarray(self.config.embed_scale, self.dtype)
         if self.pos_embed is not None:
             x_BTD = x_BTD + self.pos_embed(positions_BT, self.dtype)
         new_cache = [] if cache_kv is not None else None
+        ropes = self._rope_tables(positions_BT, positions_below)
         for i, block in enumerate(self.blocks):
             layer_kv = cache_kv[i] if cache_kv is not None else None
+            rope = ropes[block.attn.inv_freq] if block.attn.use_rope else None
             with jax.named_scope(f"block_{i}"):
-                x_BTD, layer_kv = self._run_block(block, x_BTD, positions_BT, masks[self.config.layer_window(i)],
+                x_BTD, layer_kv = self._run_block(block, x_BTD, rope, masks[self.config.layer_window(i)],
                                                   layer_kv, cache_index)
             if new_cache is not None:
                 new_cache.append(layer_kv)
         return x_BTD, new_cache
 
-    def _run_block(self, block: Block, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+    def _rope_tables(self, positions_BT: Array, positions_below: int | None) -> dict[tuple[float, ...], Rope]:
+        """{inverse frequencies: rotary tables} for every RoPE base the layers use, once per forward."""
+        frequencies = {block.attn.inv_freq for block in self.blocks if block.attn.use_rope}
+        return {f: rope_tables(positions_BT, np.asarray(f, np.float32), positions_below) for f in frequencies}
+
+    def _run_block(self, block: Block, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                    layer_kv: tuple[Array, Array] | None, cache_index: Array | None
                    ) -> tuple[Array, tuple[Array, Array] | None]:
         if not self.remat:
-            return block(x_BTD, positions_BT, mask_BTS, layer_kv, cache_index)
+            return block(x_BTD, rope, mask_BTS, layer_kv, cache_index)
         graphdef, state = nnx.split(block)
 
-        def run(state: nnx.State, x_BTD: Array, positions_BT: Array, mask_BTS: Array,
+        def run(state: nnx.State, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                 layer_kv: tuple[Array, Array] | None, cache_index: Array | None
                 ) -> tuple[Array, tuple[Array, Array] | None]:
-            return nnx.merge(graphdef, state)(x_BTD, positions_BT, mask_BTS, layer_kv, cache_index)
+            return nnx.merge(graphdef, state)(x_BTD, rope, mask_BTS, layer_kv, cache_index)
 
-        return jax.checkpoint(run)(state, x_BTD, positions_BT, mask_BTS, layer_kv, cache_index)
+        return jax.checkpoint(run)(state, x_BTD, rope, mask_BTS, layer_kv, cache_index)
 
 
 def create_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,

@@ -1,0 +1,51 @@
+"""Rotary tables: computed once per forward and position, not once per layer, head and pass.
+
+XLA:CPU fused cos and sin of the angles into every layer's rotation of q and k, forward and backward, and evaluated
+them there once per element (an optimisation barrier around shared tables does not stop it: XLA:CPU removes it).
+The compiled training forward + backward then spent a fifth of its transcendental functions on RoPE (24.9 million
+against the 20.8 million its softmax and SiLU need, bench model, 8 x 127 tokens). Computed once per position and
+gathered, the rotation costs no transcendental beyond one [T, E] table of cos and sin."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxcore
+from jaxcore.model.transformer import rope_tables
+
+
+def test_gathered_tables_equal_the_direct_ones():
+    positions_BT = jnp.asarray(np.maximum(np.arange(24)[None] - np.array([[0], [5], [23]]), 0))
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+    for direct, gathered in zip(rope_tables(positions_BT, inv_freq), rope_tables(positions_BT, inv_freq, 24)):
+        assert direct.shape == gathered.shape == (3, 24, 1, 16)
+        np.testing.assert_array_equal(np.asarray(direct), np.asarray(gathered))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_training_forward_and_backward_evaluate_no_transcendental_per_head(tiny_dir, family):
+    """The compiled forward + backward's transcendental functions (XLA's count) are the softmax's exponentials and
+    the activation's (SiLU's sigmoid; Gemma's tanh GELU), one rsqrt per normalised row, the logits' log-sum-exp and
+    one rotary table per RoPE base: nothing per head."""
+    model = jaxcore.load_hf(tiny_dir(family))
+    cfg = model.config
+    b, t = 4, 32
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    ids_BT = jnp.ones((b, t), jnp.int32)
+
+    def loss(params):
+        logits_BTV = nnx.merge(graphdef, params, rest)(ids_BT, attention_mask=jnp.ones((b, t), bool))
+        return jnp.sum(jax.nn.log_softmax(logits_BTV)[..., 0])
+
+    cost = jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()
+    transcendentals = float((cost[0] if isinstance(cost, list) else cost)["transcendentals"])
+    softmax = cfg.num_layers * b * cfg.num_heads * t * t
+    activation = cfg.num_layers * b * t * cfg.intermediate_size
+    norm_rows = (cfg.num_layers * (4 + 2 * cfg.qk_norm * (cfg.num_heads + cfg.num_kv_heads)) + 1) * b * t
+    log_softmax = b * t * cfg.vocab_size
+    tables = 2 * t * cfg.head_dim * len({block.attn.inv_freq for block in model.blocks})
+    essential = softmax + activation + norm_rows + log_softmax + tables
+    per_head = 2 * cfg.num_layers * b * t * (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim   # one pass of cos
+    assert transcendentals <= essential + per_head / 4, (transcendentals, essential, per_head)
