@@ -346,13 +346,14 @@ class Transformer(nnx.Module):
         """Write T new tokens into cache slots [cache_index, cache_index + T) and attend to the cache.
 
         Every row writes at the same slot (left padding keeps rows aligned); `valid_BT` marks
-        which of the new tokens are real. Returns logits [B, T, V] (or [B, 1, V] if last_only).
+        which of the new tokens are real. Positions are below the cache length (a token's position never exceeds its
+        slot). Returns logits [B, T, V] (or [B, 1, V] if last_only).
         """
         t = input_ids_BT.shape[1]
         valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT.astype(bool), (0, cache_index))
         masks = self._masks(cache_index + jnp.arange(t), jnp.arange(cache.length), valid_BS)
         hidden_BTD, kv = self._trunk(input_ids_BT, positions_BT, masks,
-                                     list(zip(cache.keys, cache.values)), cache_index)
+                                     list(zip(cache.keys, cache.values)), cache_index, cache.length)
         if last_only:
             hidden_BTD = hidden_BTD[:, -1:]
         keys, values = (list(x) for x in zip(*kv))
