@@ -199,16 +199,23 @@ def adam_step(params: int) -> Work:
 
 def train_step(shape: Shape, batch: int, seq_len: int, compute_itemsize: int,
                head_positions: int | None = None) -> Work:
-    """Forward + backward (3x forward FLOPs; the LM head at `head_positions` positions per row, default every
-    position) and AdamW on fp32 masters. GRPO's step runs the head only where completions are scored.
+    """Forward + backward (3x forward FLOPs) and AdamW on fp32 masters. With `head_positions` (GRPO: only the
+    positions that score a completion token), the LM head runs there only, and so do the last layer's queries,
+    output projection and MLP (nothing reads them elsewhere); its keys and values cover every position.
 
     Bytes: the compute-dtype weights read 3x (forward, two backward matmuls), and per fp32 parameter
     the optimizer reads weight, grad, m, v and writes weight, m, v (7 x 4 bytes)."""
     tokens = batch * seq_len
     params = shape.total_params()
-    head = batch * (seq_len if head_positions is None else head_positions)
+    scored = seq_len if head_positions is None else head_positions
+    head = batch * scored
     trunk = shape.matmul_params() - shape.lm_head_params()
-    flops = 3 * (2 * tokens * trunk + 2 * head * shape.lm_head_params() + attention_flops(shape, batch, seq_len, 0))
+    q, _k, _v, *query_side = shape.layer_matrices()
+    last_queries = sum(a * b for a, b in [q, *query_side])           # q, o and the MLP of the last layer
+    skipped = 2 * batch * (seq_len - scored) * last_queries
+    skipped_attention = attention_flops(shape, batch, seq_len - scored, 0) // shape.layers     # its first queries
+    flops = 3 * (2 * tokens * trunk + 2 * head * shape.lm_head_params() + attention_flops(shape, batch, seq_len, 0)
+                 - skipped - skipped_attention)
     nbytes = 3 * params * compute_itemsize + adam_step(params)["bytes"]
     return {"bytes": nbytes, "flops": flops}
 

@@ -235,17 +235,19 @@ class Attention(nnx.Module):
         self.k_norm = norm() if config.qk_norm else None
 
     def __call__(self, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
-                 cache_kv: tuple[Array, Array] | None, cache_index: Array | None
+                 cache_kv: tuple[Array, Array] | None, cache_index: Array | None, queries_from: int = 0
                  ) -> tuple[Array, tuple[Array, Array] | None]:
-        """`rope`: this layer's rotary tables (`rope_tables` of the positions at its `inv_freq`), None without RoPE."""
+        """`rope`: this layer's rotary tables (`rope_tables` of the positions at its `inv_freq`), None without RoPE.
+        With `queries_from`, only the positions from there on query (all of them are keys and values): the output
+        has T - queries_from positions."""
         b, t, _ = x_BTD.shape
-        q_BTHE = self.q(x_BTD).reshape(b, t, self.num_heads, self.head_dim)
+        q_BTHE = self.q(x_BTD[:, queries_from:]).reshape(b, t - queries_from, self.num_heads, self.head_dim)
         k_BTKE = self.k(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         v_BTKE = self.v(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
         if rope is not None:
-            q_BTHE, k_BTKE = rotate(q_BTHE, rope), rotate(k_BTKE, rope)
+            q_BTHE, k_BTKE = rotate(q_BTHE, tuple(x[:, queries_from:] for x in rope)), rotate(k_BTKE, rope)
         k_BKET, v_BKTE = k_BTKE.transpose(0, 2, 3, 1), v_BTKE.swapaxes(1, 2)     # the cache's layout
         if cache_kv is None:
             keys, values, new_cache = k_BKET, v_BKTE, None
@@ -254,8 +256,8 @@ class Attention(nnx.Module):
             new_cache = (jax.lax.dynamic_update_slice(k_cache, k_BKET.astype(k_cache.dtype), (0, 0, 0, cache_index)),
                          jax.lax.dynamic_update_slice(v_cache, v_BKTE.astype(v_cache.dtype), (0, 0, cache_index, 0)))
             keys, values = (x.astype(q_BTHE.dtype) for x in new_cache)
-        out_BTHE = grouped_attention(q_BTHE, keys, values, mask_BTS, self.scale)
-        return self.o(out_BTHE.reshape(b, t, self.num_heads * self.head_dim)), new_cache
+        out_BTHE = grouped_attention(q_BTHE, keys, values, mask_BTS[:, queries_from:], self.scale)
+        return self.o(out_BTHE.reshape(b, t - queries_from, self.num_heads * self.head_dim)), new_cache
 
 
 class Block(nnx.Module):
@@ -273,14 +275,16 @@ class Block(nnx.Module):
         self.mlp_post_norm = norm() if config.sandwich_norms else None
 
     def __call__(self, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
-                 cache_kv: tuple[Array, Array] | None = None, cache_index: Array | None = None
-                 ) -> tuple[Array, tuple[Array, Array] | None]:
+                 cache_kv: tuple[Array, Array] | None = None, cache_index: Array | None = None,
+                 queries_from: int = 0) -> tuple[Array, tuple[Array, Array] | None]:
+        """With `queries_from`, the block's output holds the positions from there on only (the last block, when
+        nothing reads the others: attention's queries, its output projection and the MLP skip them)."""
         with jax.named_scope("attention"):
             h_BTD, cache_kv = self.attn(self.attn_norm(x_BTD), rope, mask_BTS,
-                                        cache_kv, cache_index)
+                                        cache_kv, cache_index, queries_from)
         if self.attn_post_norm is not None:
             h_BTD = self.attn_post_norm(h_BTD)
-        x_BTD = x_BTD + h_BTD
+        x_BTD = x_BTD[:, queries_from:] + h_BTD
         with jax.named_scope("mlp"):
             h_BTD = self.mlp(self.mlp_norm(x_BTD))
             if self.mlp_post_norm is not None:
@@ -337,8 +341,8 @@ class Transformer(nnx.Module):
             positions_BT, positions_below = positions_from_mask(attention_mask_BT), input_ids_BT.shape[1]
         slot_T = jnp.arange(input_ids_BT.shape[1])
         hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, self._masks(slot_T, slot_T, attention_mask_BT),
-                                    None, None, positions_below)
-        return self.logits(hidden_BTD[:, logits_from:] if logits_from else hidden_BTD)
+                                    None, None, positions_below, logits_from)
+        return self.logits(hidden_BTD)
 
     def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
                        cache: KVCache, cache_index: Array, *, last_only: bool = False
@@ -380,7 +384,10 @@ class Transformer(nnx.Module):
 
     def _trunk(self, input_ids_BT: Array, positions_BT: Array, masks: dict[int | None, Array],
                cache_kv: list[tuple[Array, Array]] | None, cache_index: Array | None,
-               positions_below: int | None = None) -> tuple[Array, list[tuple[Array, Array]] | None]:
+               positions_below: int | None = None, outputs_from: int = 0
+               ) -> tuple[Array, list[tuple[Array, Array]] | None]:
+        """Hidden states [B, T - outputs_from, D] of the positions from `outputs_from` on: the last block computes no
+        other (its queries, output projection and MLP at the positions before are dead work), and the cache."""
         x_BTD = self.embed(input_ids_BT, self.dtype)
         if self.config.embed_scale is not None:     # Gemma: sqrt(hidden) rounded to the compute dtype, as HF does
             x_BTD = x_BTD * jnp.asarray(self.config.embed_scale, self.dtype)
@@ -391,9 +398,10 @@ class Transformer(nnx.Module):
         for i, block in enumerate(self.blocks):
             layer_kv = cache_kv[i] if cache_kv is not None else None
             rope = ropes[block.attn.inv_freq] if block.attn.use_rope else None
+            queries_from = outputs_from if i == len(self.blocks) - 1 else 0
             with jax.named_scope(f"block_{i}"):
                 x_BTD, layer_kv = self._run_block(block, x_BTD, rope, masks[self.config.layer_window(i)],
-                                                  layer_kv, cache_index)
+                                                  layer_kv, cache_index, queries_from)
             if new_cache is not None:
                 new_cache.append(layer_kv)
         return x_BTD, new_cache
@@ -404,16 +412,16 @@ class Transformer(nnx.Module):
         return {f: rope_tables(positions_BT, np.asarray(f, np.float32), positions_below) for f in frequencies}
 
     def _run_block(self, block: Block, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
-                   layer_kv: tuple[Array, Array] | None, cache_index: Array | None
+                   layer_kv: tuple[Array, Array] | None, cache_index: Array | None, queries_from: int = 0
                    ) -> tuple[Array, tuple[Array, Array] | None]:
         if not self.remat:
-            return block(x_BTD, rope, mask_BTS, layer_kv, cache_index)
+            return block(x_BTD, rope, mask_BTS, layer_kv, cache_index, queries_from)
         graphdef, state = nnx.split(block)
 
         def run(state: nnx.State, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                 layer_kv: tuple[Array, Array] | None, cache_index: Array | None
                 ) -> tuple[Array, tuple[Array, Array] | None]:
-            return nnx.merge(graphdef, state)(x_BTD, rope, mask_BTS, layer_kv, cache_index)
+            return nnx.merge(graphdef, state)(x_BTD, rope, mask_BTS, layer_kv, cache_index, queries_from)
 
         return jax.checkpoint(run)(state, x_BTD, rope, mask_BTS, layer_kv, cache_index)
 
