@@ -102,8 +102,8 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
     per_token = saved_per_token(cfg, seq, c)
     if remat and remat_saves():     # only each block's input is kept; one block is recomputed at a time
         saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + per_token)
-    else:
-        saved = rows * seq * cfg.num_layers * per_token
+    else:       # the last layer keeps its query-side arrays at the completion positions only (nothing reads others)
+        saved = rows * (seq * (cfg.num_layers - 1) + max_new_tokens) * per_token
     # the LM head runs only at the completion positions: fp32 logits, their exponential and their gradient
     logits = 3 * rows * max_new_tokens * cfg.vocab_size * 4
     score_rows = gen_rows if scoring else 0

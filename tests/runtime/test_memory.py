@@ -225,8 +225,10 @@ def test_grpo_step_memory_bounds_xla(grpo_job, remat, accumulation):
     """The planned training peak (persistent terms + gradients + activations) is never below what XLA plans for
     the compiled train step (arguments + temp + the outputs not aliased to the donated state) and at most 1.3x
     it: a tiny model shaped like SmolLM2 on the calculator job (prompts long against the width: the [B, H, T, T]
-    attention arrays dominate), the LM head at the completion positions only. Measured 1.04x / 1.10x without
-    remat and 1.11x / 1.15x with it (1 / 4 micro-batches) with `grouped_attention`, which keeps one fp32
+    attention arrays dominate), the LM head and the last layer's queries at the completion positions only.
+    Measured 1.02x / 1.09x without remat and 1.09x / 1.14x with it (1 / 4 micro-batches; 1.32x / 1.30x with remat
+    while the plan counted the last layer at every position); 1.04x / 1.10x and 1.11x / 1.15x before the last
+    layer skipped the prompt, with `grouped_attention`, which keeps one fp32
     attention array per layer (1.21-1.29x, and 1.38x / 1.47x at one micro-batch, where the plan still counted
     the three of `jax.nn.dot_product_attention`); before, 0.71x and 0.92x with remat (XLA:CPU schedules the
     recomputation with the forward: remat saves nothing there) and 1.30x without at 4 micro-batches (two
