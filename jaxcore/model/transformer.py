@@ -97,9 +97,11 @@ def rope_tables(positions_BT: Array, inv_freq: np.ndarray, positions_below: int 
         return jnp.concatenate([angles_e, angles_e], axis=-1)
     if positions_below is None:
         angles_BTE = angles(positions_BT)
-        return jnp.cos(angles_BTE)[:, :, None, :], jnp.sin(angles_BTE)[:, :, None, :]
-    angles_PE = angles(jnp.arange(positions_below))
-    return jnp.cos(angles_PE)[positions_BT][:, :, None, :], jnp.sin(angles_PE)[positions_BT][:, :, None, :]
+        cos_BTE, sin_BTE = jnp.cos(angles_BTE), jnp.sin(angles_BTE)
+    else:
+        angles_PE = angles(jnp.arange(positions_below))
+        cos_BTE, sin_BTE = jnp.cos(angles_PE)[positions_BT], jnp.sin(angles_PE)[positions_BT]
+    return cos_BTE[:, :, None, :], sin_BTE[:, :, None, :]
 
 
 def rotate(x_BTHE: Array, rope: Rope) -> Array:
@@ -407,7 +409,13 @@ class Transformer(nnx.Module):
         return x_BTD, new_cache
 
     def _rope_tables(self, positions_BT: Array, positions_below: int | None) -> dict[tuple[float, ...], Rope]:
-        """{inverse frequencies: rotary tables} for every RoPE base the layers use, once per forward."""
+        """{inverse frequencies: rotary tables} for every RoPE base the layers use, once per forward.
+
+        The table over every position below the bound is gathered only where it is no larger than the
+        evaluations it replaces (XLA's at least once per layer and token): a decode step of few rows over a long
+        cache computes its tokens' angles directly."""
+        if positions_below is not None and positions_below > positions_BT.size * len(self.blocks):
+            positions_below = None
         frequencies = {block.attn.inv_freq for block in self.blocks if block.attn.use_rope}
         return {f: rope_tables(positions_BT, np.asarray(f, np.float32), positions_below) for f in frequencies}
 

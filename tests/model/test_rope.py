@@ -49,3 +49,22 @@ def test_training_forward_and_backward_evaluate_no_transcendental_per_head(tiny_
     essential = softmax + activation + norm_rows + log_softmax + tables
     per_head = 2 * cfg.num_layers * b * t * (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim   # one pass of cos
     assert transcendentals <= essential + per_head / 4, (transcendentals, essential, per_head)
+
+
+def test_a_decode_step_over_a_long_cache_computes_no_table_of_every_slot(tiny_dir):
+    """One row decoding one token over 4096 cache slots: the table of every slot (2 x 4096 x E cos and sin) would
+    cost far more than the row's own angles, so the step computes those directly."""
+    from jaxcore.model.transformer import KVCache
+
+    model = jaxcore.load_hf(tiny_dir("llama"))
+    cfg, slots = model.config, 4096
+    cache = KVCache.create(cfg, 1, slots, jnp.float32)
+    one = jnp.ones((1, 1), jnp.int32)
+
+    def step(model, cache):
+        return model.forward_cached(one, one, one.astype(bool), cache, jnp.int32(1), last_only=True)[0]
+
+    cost = jax.jit(step).lower(model, cache).compile().cost_analysis()
+    transcendentals = float((cost[0] if isinstance(cost, list) else cost)["transcendentals"])
+    softmax = cfg.num_layers * cfg.num_heads * slots
+    assert transcendentals < softmax + slots * cfg.head_dim, (transcendentals, softmax)
