@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One lent-GPU call that spends a fixed budget on the open GPU items of issues 12/20, most important first.
+# One lent-GPU call that spends a fixed budget on the open GPU items of issues 12/20, most important first
+# (ES at 0.5B, generate and GRPO on the gemma3-270m shape, ES at 1.5B, the count tests).
 #
 #   BUDGET=540 bash scripts/gpu_session.sh       # a device-tool command (timeout_s ~ BUDGET + 40), carry .whl
 #
@@ -38,9 +39,9 @@ bench() {  # bench MAX_SECONDS SUITES PRESET: one `jaxcore bench` step, its JSON
     --json "$out/gpu_bf16_${2//,/_}_$3.json"
 }
 
-bench 240 es qwen2.5-0.5b
-bench 270 es qwen2.5-1.5b
-bench 200 generate,grpo gemma3-270m
+bench 200 es qwen2.5-0.5b
+bench 170 generate,grpo gemma3-270m
+bench 230 es qwen2.5-1.5b
 step "count tests on the accelerator" 200 env JAX_PLATFORMS="${TEST_PLATFORM:-cuda}" $PY -m pytest -q -p no:cacheprovider \
   tests/grpo/test_step_cost.py tests/inference/test_decode_cost.py tests/runtime/test_compile_counts.py
 kill %1 2>/dev/null
