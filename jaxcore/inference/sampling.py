@@ -86,10 +86,39 @@ def first_argmax(x_BV: Array) -> Array:
     return (chunk_B * ARGMAX_CHUNK + jnp.argmax(within_BK, axis=-1)).astype(jnp.int32)
 
 
+def last_nonzero(weights_BN: Array) -> Array:
+    """Index of each row's last positive entry."""
+    return weights_BN.shape[-1] - 1 - jnp.argmax(weights_BN[:, ::-1] > 0, axis=-1)
+
+
+def inverse_cdf_draw(scores_BV: Array, uniform_B: Array) -> Array:
+    """One token per row from softmax(scores_BV): the first token whose cumulative probability exceeds the row's
+    number in [0, 1), found in two cheap passes (which chunk of `ARGMAX_CHUNK` tokens, then where inside it).
+
+    `sample_next` draws one uniform number per row. The Gumbel-max draw (`jax.random.categorical`) makes one per row and token: over
+    SmolLM2's 49,152 logits 4.2 ms per decode step at 16 rows and 16 ms at 64 on two CPU cores, against 0.5 and
+    1.6 ms here. Tokens the filters removed (-inf) have probability 0 and are never drawn.
+    """
+    rows, vocab = scores_BV.shape
+    chunks = -(-vocab // ARGMAX_CHUNK)
+    weights_BV = jnp.exp(scores_BV - jnp.max(scores_BV, axis=-1, keepdims=True))
+    weights_BCK = jnp.pad(weights_BV, ((0, 0), (0, chunks * ARGMAX_CHUNK - vocab))).reshape(
+        rows, chunks, ARGMAX_CHUNK)
+    chunk_weights_BC = jnp.sum(weights_BCK, axis=-1)
+    cumulative_BC = jnp.cumsum(chunk_weights_BC, axis=-1)
+    target_B1 = uniform_B[:, None].astype(jnp.float32) * cumulative_BC[:, -1:]
+    # the first chunk whose cumulative weight exceeds the target (where rounding lets none, the last nonzero one)
+    chunk_B = jnp.minimum(jnp.sum(cumulative_BC <= target_B1, axis=-1), last_nonzero(chunk_weights_BC))
+    before_B1 = jnp.where(chunk_B[:, None] > 0,
+                          jnp.take_along_axis(cumulative_BC, jnp.maximum(chunk_B - 1, 0)[:, None], axis=1), 0.0)
+    within_BK = jnp.take_along_axis(weights_BCK, chunk_B[:, None, None], axis=1)[:, 0]
+    passed_BK = before_B1 + jnp.cumsum(within_BK, axis=-1) <= target_B1
+    index_B = jnp.minimum(jnp.sum(passed_BK, axis=-1), last_nonzero(within_BK))
+    return (chunk_B * ARGMAX_CHUNK + index_B).astype(jnp.int32)
+
+
 def sample_next(logits_BV: Array, key: Array, cfg: SamplingConfig) -> Array:
-    """One token per row: argmax when greedy, else a draw from the filtered distribution (the Gumbel-max draw
-    of `jax.random.categorical`, the same numbers)."""
+    """One token per row: argmax when greedy, else a draw from the filtered distribution (`inverse_cdf_draw`)."""
     if cfg.greedy:
         return first_argmax(logits_BV)
-    scores_BV = filter_logits(logits_BV, cfg)
-    return first_argmax(jax.random.gumbel(key, scores_BV.shape, scores_BV.dtype) + scores_BV)
+    return inverse_cdf_draw(filter_logits(logits_BV, cfg), jax.random.uniform(key, logits_BV.shape[:1]))

@@ -245,8 +245,9 @@ def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected
 
 
 def test_train_reward_rises_on_the_warm_started_model(warm, tmp_path):
-    """30 epochs (~10 s). Seen on 2 CPU cores, seed 0: train reward (mean of the first vs the last 5 epochs)
-    0.82 -> 0.97 and held-out 1.08 -> 1.24; over seeds 0-4 the train gain was 0.11-0.18."""
+    """30 epochs (~10 s). Seen on 2 CPU cores over seeds 0-4: train reward (mean of the last 10 epochs over the
+    first 10) +0.064 to +0.106, held-out 1.129 -> 1.190-1.259 (seed 0: +0.080, 1.129 -> 1.190). The epoch-to-epoch
+    swing of the train reward is about +-0.08, so 5-epoch windows gave +0.05 to +0.17 over the same seeds."""
     from jaxcore.commands.grpo import train_grpo
 
     out = tmp_path / "learn"
@@ -259,7 +260,7 @@ def test_train_reward_rises_on_the_warm_started_model(warm, tmp_path):
     rewards = [r["reward"] for r in records(out) if "reward" in r]
     print("train reward per epoch:", np.round(rewards, 3), "held-out:", summary["eval_reward_before"], "->",
           summary["eval_reward_after"])
-    assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.07
+    assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.05
     assert summary["eval_reward_after"] > summary["eval_reward_before"] + 0.05
 
 
