@@ -95,9 +95,9 @@ def inverse_cdf_draw(scores_BV: Array, uniform_B: Array) -> Array:
     """One token per row from softmax(scores_BV): the first token whose cumulative probability exceeds the row's
     number in [0, 1), found in two cheap passes (which chunk of `ARGMAX_CHUNK` tokens, then where inside it).
 
-    `sample_next` draws one uniform number per row. The Gumbel-max draw (`jax.random.categorical`) makes one per row and token: over
-    SmolLM2's 49,152 logits 4.2 ms per decode step at 16 rows and 16 ms at 64 on two CPU cores, against 0.5 and
-    1.6 ms here. Tokens the filters removed (-inf) have probability 0 and are never drawn.
+    `sample_next` draws one uniform number per row. The Gumbel-max draw (`jax.random.categorical`) makes one per
+    row and token: over SmolLM2's 49,152 logits 4.2 ms per decode step at 16 rows and 16 ms at 64 on two CPU
+    cores, against 0.5 and 1.6 ms here. Tokens the filters removed (-inf) have probability 0 and are never drawn.
     """
     rows, vocab = scores_BV.shape
     chunks = -(-vocab // ARGMAX_CHUNK)
