@@ -149,6 +149,15 @@ def test_inverse_cdf_draw_at_the_ends_of_the_unit_interval(vocab):
         np.testing.assert_array_equal(tokens_R, expected)
 
 
+def test_a_temperature_near_zero_draws_among_the_largest_logits():
+    """The two largest logits over a temperature of 1e-37 overflow to +inf, the others stay finite; the draw is one
+    of the two (exp(inf - inf) would make every weight NaN and draw token 0)."""
+    logits = np.array([[0.5, 40.0, -1.0, 40.0, 2.0]], np.float32)
+    cfg = SamplingConfig(temperature=1e-37)
+    tokens = {int(sample_next(jnp.asarray(logits), jax.random.key(seed), cfg)[0]) for seed in range(40)}
+    assert tokens == {1, 3}
+
+
 def test_sampling_draws_one_uniform_number_per_row():
     """The Gumbel-max draw (`jax.random.categorical`) made one random number per row and vocabulary entry: 4.2 ms
     of a ~70 ms decode step over SmolLM2's 49,152 logits at 16 rows (16 ms at 64) on two CPU cores. Count, not
