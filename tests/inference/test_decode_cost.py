@@ -14,11 +14,11 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jaxpr_walk import all_eqns
 
 import jaxcore
 from jaxcore.bench import roofline
@@ -92,11 +92,7 @@ def test_decode_attention_multiplies_the_cache_untransposed(bench_model):
     assert len(cache_shapes) == 2                            # keys and values are laid out differently
 
     def dots(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                yield eqn
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                yield from dots(sub)
+        return (eqn for eqn in all_eqns(jaxpr) if eqn.primitive.name == "dot_general")
 
     contracted = {}
     for eqn in dots(jaxpr.jaxpr):

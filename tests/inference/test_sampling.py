@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from jaxpr_walk import all_eqns
 from scipy import stats
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -165,19 +166,9 @@ def test_sampling_draws_one_uniform_number_per_row():
     rows = 16
     jaxpr = jax.make_jaxpr(lambda x: sample_next(x, jax.random.key(0), SamplingConfig(temperature=0.7, top_p=0.9)))(
         jnp.zeros((rows, 49152), jnp.float32))
-    drawn = sum(int(np.prod(eqn.outvars[0].aval.shape)) for eqn in jax_eqns(jaxpr.jaxpr)
+    drawn = sum(int(np.prod(eqn.outvars[0].aval.shape)) for eqn in all_eqns(jaxpr.jaxpr)
                 if eqn.primitive.name in ("random_bits", "threefry2x32"))
     assert 0 < drawn <= rows, drawn
-
-
-def jax_eqns(jaxpr):
-    """Every equation of a jaxpr and of the jaxprs nested in it."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            inner = getattr(value, "jaxpr", value)
-            if hasattr(inner, "eqns"):
-                yield from jax_eqns(inner)
 
 
 def test_greedy_sampling_reduces_no_long_axis_as_argmax():
