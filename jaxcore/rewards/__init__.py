@@ -16,7 +16,7 @@ from jaxcore.rewards.file_tasks import FileTask, file_task
 from jaxcore.rewards.numeric import numeric_reward, parse_number
 from jaxcore.rewards.records import load_records
 from jaxcore.rewards.registry import REWARDS, TASKS, get_reward, get_task
-from jaxcore.rewards.scoring import Scorer, ScoreResult, score
+from jaxcore.rewards.scoring import Scorer, ScoreResult, ScoringStopped, score
 from jaxcore.rewards.tasks import ProceduralTask, Task
 from jaxcore.rewards.types import Example, RewardFn, TaskError
 
@@ -29,6 +29,7 @@ __all__ = [
     "RewardFn",
     "ScoreResult",
     "Scorer",
+    "ScoringStopped",
     "Task",
     "TaskError",
     "bleu_reward",

@@ -10,7 +10,8 @@ a function returned None or failed. With ``fallback=None`` failed samples are sk
 None. ``timeout_s`` holds in every mode: in worker processes (``num_workers > 0``) a late job's worker is
 killed; in-process (``num_workers=0``) SIGALRM interrupts the call (`workers.call_with_timeout`; off the main
 thread, where no alarm can be set, the functions run in one worker process instead). `Scorer.interrupt` (a
-stop signal) ends scoring at once: every chunk not scored yet gets the fallback, counted.
+stop signal) ends scoring at once: no chunk not scored yet is called, and `score` raises `ScoringStopped` instead
+of returning rewards that are partly fallbacks (a training step built on them would learn from the stop).
 
 A multi-turn rollout's environment instances (`score(..., environments=)`, one per completion) reach the
 functions that name an ``environments`` parameter (`takes_environments`), as TRL passes them. Those functions
@@ -76,6 +77,11 @@ class ScoringInterrupted(BaseException):
 
 
 STOPPING = "not scored: the run is stopping"
+
+
+class ScoringStopped(Exception):
+    """`Scorer.score` was cut short by `Scorer.interrupt` (a stop signal): some of the batch got no reward, so
+    nothing may be computed from its rewards (a training step must drop its epoch, not learn from fallbacks)."""
 
 
 class Scorer:
@@ -153,6 +159,9 @@ class Scorer:
                 with_envs = here[i] and environments is not None
                 outcomes[i] = self._run_inline(functools.partial(fn, environments=list(environments[a:b]))
                                                if with_envs else fn, c, e)
+        stopped = sum(not ok and output == STOPPING for ok, output in outcomes)
+        if stopped:
+            raise ScoringStopped(f"{stopped} of {len(jobs)} reward jobs not run: the run is stopping")
         raw = {name: np.full(size, np.nan) for name in self.reward_fns}
         failed = {name: np.zeros(size, dtype=bool) for name in self.reward_fns}
         for (name, start, stop), (ok, output) in zip(jobs, outcomes, strict=True):
@@ -186,8 +195,9 @@ class Scorer:
             self._in_call = False
 
     def interrupt(self) -> None:
-        """Stop scoring now and give every chunk not scored yet the fallback (counted as failures); meant to be
-        called from a SIGTERM/SIGINT handler. A running in-process call is interrupted (raised into)."""
+        """Stop scoring now: the batch being scored, and every later one, raises `ScoringStopped` once its calls
+        are abandoned; meant to be called from a SIGTERM/SIGINT handler. A running in-process call is interrupted
+        (raised into), and no further call is made."""
         self._interrupted = True
         if self._pool is not None:
             self._pool.interrupt()

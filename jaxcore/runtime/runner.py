@@ -8,7 +8,9 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
   after the last; with `eval_every` 0 only after the last, with -1 never;
 - metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
 - orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
-- SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly;
+- SIGTERM/SIGINT: finish the current epoch, write a checkpoint, exit cleanly; an epoch whose scoring the
+  signal cut short (its rewards would be partly fallbacks) is dropped instead, and the checkpoint is the one
+  after the epoch before it, so that a resumed run equals an uninterrupted one;
 - a step whose fitness/loss/update is NaN/Inf is skipped and logged; after `max_bad_steps` in a
   row the run stops with `TrainingError`, the last good checkpoint intact.
 """
@@ -40,7 +42,7 @@ from jaxcore.outputs import check_output, check_parent
 from jaxcore.parallel import sharding
 from jaxcore.parallel.meshes import maybe_initialize_distributed
 from jaxcore.parallel.rows import gather_rows
-from jaxcore.rewards import Example, Scorer, Task, TaskError, get_task
+from jaxcore.rewards import Example, Scorer, ScoringStopped, Task, TaskError, get_task
 from jaxcore.rewards.user_functions import task_with_rewards
 from jaxcore.runtime import compile_cache
 from jaxcore.runtime.algorithm import Algorithm
@@ -202,6 +204,18 @@ class Runner:
                 "algorithm": self.algorithm.name, "shapes": state_shapes(state), "base_weights": self.base_weights}
         self.checkpointer.save(epoch, state, meta, wait=wait)
 
+    def _stopped(self, summary: dict[str, Any], signum: int, epoch: int) -> None:
+        """Record a stop after `epoch`, the last epoch applied (start - 1 if none was in this run), and make sure
+        its checkpoint exists: written now (waited for) unless a periodic save wrote it. A fresh run stopped before
+        its first epoch finished has none."""
+        self.checkpointer.wait()
+        if epoch >= 0 and epoch not in self.checkpointer.all_steps():
+            self._save(epoch, wait=True)
+        summary["stopped_by"] = signal.Signals(signum).name
+        summary["checkpoint"] = str(self.checkpointer.directory / str(epoch)) if epoch >= 0 else None
+        log.warning("stopped by %s after epoch %d; %s", summary["stopped_by"], epoch,
+                    "resume with --resume" if epoch >= 0 else "no epoch finished, nothing to resume")
+
     def _resume(self, allow_changes: bool = False) -> int:
         """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
         target = self.algorithm.checkpoint_state()
@@ -255,15 +269,26 @@ class Runner:
         bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
         with self._scorer() as scorer, StopSignal(on_signal=scorer.interrupt) as stop:
-            if start == 0 and t.eval_every > 0:
-                first = self._evaluate(scorer)
-                logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
-                summary["eval_reward_before"] = first["eval/reward"]
             epoch = start - 1
+            if start == 0 and t.eval_every > 0:
+                try:
+                    first = self._evaluate(scorer)
+                    logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
+                    summary["eval_reward_before"] = first["eval/reward"]
+                except ScoringStopped:                  # stopped before training: the loop below runs no epoch
+                    pass
             for epoch in bar:
+                if stop.received:                       # the signal came before the first epoch began
+                    epoch -= 1
+                    break
                 examples = self.task.examples("train", self.examples_per_epoch, epoch_seed(t.seed, epoch))
                 began = time.perf_counter()
-                result = self.algorithm.train_step(epoch, examples, scorer)
+                try:
+                    result = self.algorithm.train_step(epoch, examples, scorer)
+                except ScoringStopped:       # the stop cut this epoch's scoring short: none of it was applied
+                    log.warning("epoch %d dropped: a stop signal cut its scoring short", epoch)
+                    epoch -= 1
+                    break
                 metrics = {**result.metrics, "epoch_time": time.perf_counter() - began, "skipped": result.skipped}
                 if result.skipped:
                     bad_steps += 1
@@ -278,20 +303,22 @@ class Runner:
                 last = epoch == t.epochs - 1
                 due = t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0))
                 if due and not stop.received:         # a stop signal's grace period is short: checkpoint first
-                    metrics.update(self._evaluate(scorer))
-                    log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
-                             metrics["eval/samples"][0] if metrics["eval/samples"] else "")
+                    try:
+                        metrics.update(self._evaluate(scorer))
+                        log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],
+                                 metrics["eval/samples"][0] if metrics["eval/samples"] else "")
+                    except ScoringStopped:            # the epoch itself is complete; only its evaluation is lost
+                        pass
                 metrics.pop("eval/samples", None)
                 logger.log(epoch + 1, metrics)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
                 periodic = t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0
-                if ((periodic or last) and not result.skipped) or stop.received:
-                    self._save(epoch, wait=bool(stop.received))
+                if (periodic or last) and not result.skipped and not stop.received:
+                    self._save(epoch)
                 if stop.received:
-                    summary["stopped_by"] = signal.Signals(stop.received).name
-                    summary["checkpoint"] = str(self.checkpointer.directory / str(epoch))
-                    log.warning("stopped by %s after epoch %d; resume with --resume", summary["stopped_by"], epoch)
                     break
+            if stop.received:
+                self._stopped(summary, stop.received, epoch)
             summary["last_epoch"] = epoch
         bar.close()
         self.checkpointer.close()

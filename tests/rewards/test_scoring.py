@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from jaxcore.rewards.scoring import Scorer, score
+from jaxcore.rewards.scoring import Scorer, ScoringStopped, score
 from jaxcore.rewards.types import Example
 
 
@@ -227,8 +227,8 @@ def test_sys_exit_in_a_reward_is_a_failed_call(caplog: pytest.LogCaptureFixture)
 
 
 def test_a_stop_signal_ends_in_process_scoring_at_once() -> None:
-    """SIGTERM while a reward function hangs in-process: the runner's StopSignal interrupts the scorer; the call
-    and every chunk after it get the fallback, counted, and no later chunk is called."""
+    """SIGTERM while a reward function hangs in-process: the runner's StopSignal interrupts the scorer; no later
+    chunk is called, and the batch raises `ScoringStopped` rather than returning fallback rewards."""
     from jaxcore.runtime.runner import StopSignal
 
     calls = []
@@ -241,19 +241,21 @@ def test_a_stop_signal_ends_in_process_scoring_at_once() -> None:
 
     with Scorer({"f": term_then_hang}, chunk_size=1, timeout_s=60) as scorer, \
             StopSignal(on_signal=scorer.interrupt) as stop:
-        result = scorer.score(*batch("a", "b", "c"))
+        with pytest.raises(ScoringStopped, match="3 of 3 reward jobs not run"):
+            scorer.score(*batch("a", "b", "c"))
+        with pytest.raises(ScoringStopped):                    # and every later batch
+            scorer.score(*batch("d"))
     assert stop.received == signal.SIGTERM and calls == ["a"]
-    assert result.failures == {"f": 3} and result.rewards_B.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_interrupt_ends_worker_scoring_at_once() -> None:
     """With workers, `interrupt` (from a signal handler; here another thread) kills the busy worker: the hung
-    chunk and the queued one get the fallback instead of waiting out timeout_s."""
+    chunk and the queued one are abandoned at once (`ScoringStopped`) instead of waiting out timeout_s."""
     with Scorer({"hang": hang_on_hang}, num_workers=1, timeout_s=60, chunk_size=1) as scorer:
         timer = threading.Timer(1.0, scorer.interrupt)
         timer.start()
         try:
-            result = scorer.score(*batch("hang", "ab"))
+            with pytest.raises(ScoringStopped, match="reward jobs not run: the run is stopping"):
+                scorer.score(*batch("hang", "ab"))
         finally:
             timer.cancel()
-    assert result.failures == {"hang": 2} and result.rewards_B.tolist() == [0.0, 0.0]

@@ -392,6 +392,67 @@ def test_sigterm_checkpoints_without_the_due_evaluation(tmp_path, monkeypatch):
     assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl") if "eval/reward" in r] == [0]
 
 
+class ScoringStub(StubAlgorithm):
+    """Scores each epoch's examples, then applies the epoch (counted in its state). At `stop_at` the process gets
+    SIGTERM before the scoring, as when a scheduler's signal lands during a rollout."""
+
+    def __init__(self, stop_at: int):
+        super().__init__()
+        self.stop_at, self.applied = stop_at, []
+
+    def train_step(self, epoch, examples, scorer):
+        if epoch == self.stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        scores = scorer.score([e.answer for e in examples], examples)
+        self.applied.append(epoch)
+        return StepResult({"reward": float(scores.rewards_B.mean())})
+
+    def checkpoint_state(self):
+        return {"w": np.full(2, len(self.applied), np.float32)}
+
+
+@pytest.mark.parametrize("checkpoint_every", [1, 0])
+def test_an_epoch_whose_scoring_a_stop_cut_short_is_dropped(tmp_path, checkpoint_every):
+    """SIGTERM before an epoch's scoring: its rewards would be fallbacks, so the epoch is neither applied nor
+    logged, and the checkpoint is the one after the epoch before (written now when none was due), from which a
+    resumed run repeats the dropped epoch. (Before, the epoch learnt from fallback rewards and was checkpointed
+    as done: a killed and resumed run then differed from an uninterrupted one.)"""
+    from jaxcore.runtime.checkpoint import TrainCheckpointer
+    from jaxcore.runtime.metrics import read_metrics
+    from jaxcore.runtime.runner import Runner, make_task
+
+    cfg = ESConfig()
+    t = cfg.train
+    t.epochs, t.eval_every, t.checkpoint_every, t.out_dir = 5, -1, checkpoint_every, str(tmp_path / "out")
+    t.progress = t.tensorboard = False
+    algorithm = ScoringStub(stop_at=2)
+    summary = Runner(cfg, algorithm, None, make_task(cfg.task)).run()
+    assert algorithm.applied == [0, 1]
+    assert summary["stopped_by"] == "SIGTERM" and summary["last_epoch"] == 1
+    assert summary["checkpoint"] == str(tmp_path / "out" / "checkpoints" / "1")
+    assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == [1, 2]
+    ckpt = TrainCheckpointer(tmp_path / "out" / "checkpoints")
+    assert ckpt.all_steps()[-1] == 1
+    state, meta = ckpt.restore({"w": np.zeros(2, np.float32)})
+    ckpt.close()
+    assert meta["epoch"] == 1 and state["w"].tolist() == [2.0, 2.0]          # two epochs applied, not three
+
+
+def test_a_stop_before_the_first_epoch_leaves_no_checkpoint(tmp_path):
+    """SIGTERM during the first epoch's scoring of a fresh run: nothing is applied or written, and the summary
+    says there is no checkpoint (not an empty path to resume from)."""
+    from jaxcore.runtime.runner import Runner, make_task
+
+    cfg = ESConfig()
+    t = cfg.train
+    t.epochs, t.eval_every, t.checkpoint_every, t.out_dir = 3, -1, 1, str(tmp_path / "out")
+    t.progress = t.tensorboard = False
+    algorithm = ScoringStub(stop_at=0)
+    summary = Runner(cfg, algorithm, None, make_task(cfg.task)).run()
+    assert algorithm.applied == [] and summary["last_epoch"] == -1 and summary["checkpoint"] is None
+    assert not any(p.name.isdigit() for p in (tmp_path / "out" / "checkpoints").glob("*"))
+
+
 def test_held_out_examples_do_not_depend_on_the_train_seed(tmp_path):
     from jaxcore.runtime.runner import EVAL_SEED, Runner, make_task
 
