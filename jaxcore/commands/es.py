@@ -45,13 +45,13 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
     if args.compilation_cache is not None:
         cfg.train.compilation_cache = args.compilation_cache
     summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
-    if summary["stopped_by"] and summary["checkpoint"] is None:
-        print(f"stopped by {summary['stopped_by']} before the first epoch finished: no checkpoint; start the run "
-              "again")
-    elif summary["stopped_by"]:
-        print(f"stopped by {summary['stopped_by']} after epoch {summary['last_epoch']}: checkpoint "
-              f"{summary['checkpoint']}; continue with --resume")
     if summary["stopped_by"]:
+        if summary["checkpoint"] is None:
+            print(f"stopped by {summary['stopped_by']} before the first epoch finished: no checkpoint; start the "
+                  "run again")
+        else:
+            print(f"stopped by {summary['stopped_by']} after epoch {summary['last_epoch']}: checkpoint "
+                  f"{summary['checkpoint']}; continue with --resume")
         return 128 + signal.Signals[summary["stopped_by"]].value      # 143 for SIGTERM, 130 for SIGINT
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
           f" ({cfg.train.out_dir})")

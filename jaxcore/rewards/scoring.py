@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxcore.rewards.config import RewardsConfig
 from jaxcore.rewards.types import Example, RewardFn
-from jaxcore.rewards.workers import Outcome, WorkerPool, alarm_available, call_with_timeout
+from jaxcore.rewards.workers import STOPPING, Outcome, WorkerPool, alarm_available, call_with_timeout
 
 logger = logging.getLogger("jaxcore.rewards")
 
@@ -74,9 +74,6 @@ def takes_environments(fn: RewardFn) -> bool:
 
 class ScoringInterrupted(BaseException):
     """Raised into an in-process reward call by `Scorer.interrupt` (a stop signal)."""
-
-
-STOPPING = "not scored: the run is stopping"
 
 
 class ScoringStopped(Exception):

@@ -27,6 +27,7 @@ START_METHODS = ("spawn", "forkserver")
 Job = tuple[str, list[str], list[Example]]
 Outcome = tuple[bool, Any]
 """``(True, values)`` or ``(False, reason)``."""
+STOPPING = "not scored: the run is stopping"     # the outcome of a job abandoned by `interrupt`
 POLL_S = 0.25          # how often a waiting `run` looks at `stopping` (a signal handler sets it)
 
 
@@ -200,7 +201,7 @@ class WorkerPool:
         if not jobs:
             return []
         if self.stopping:
-            return [(False, "not scored: the run is stopping")] * len(jobs)
+            return [(False, STOPPING)] * len(jobs)
         self._workers = [w for w in self._workers if self._reusable(w)]
         while len(self._workers) < self._num_workers:
             self._workers.append(self._new_worker())
@@ -240,7 +241,7 @@ class WorkerPool:
         queue.clear()
         for worker in list(self._workers):
             if worker.job is not None:
-                outcomes[worker.job] = (False, "not scored: the run is stopping")
+                outcomes[worker.job] = (False, STOPPING)
                 worker.job = None
                 worker.kill()
                 self._workers.remove(worker)
