@@ -151,19 +151,19 @@ class GRPOAlgorithm(Algorithm):
     # -- checkpointing -------------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict[str, Any]:
-        s = self.learner.state
+        """The train state in the per-layer layout (whatever layout training uses), so that a checkpoint reads
+        the same with or without `model.scan_layers`."""
+        s, ref = self.learner.layer_state()
         out = {"step": s.step, "params": s.params, "opt_state": s.opt_state,
                "num_tokens": np.asarray(self.num_tokens, np.int64)}
         if self.cfg.grpo.sync_ref_model:      # the reference moves: resume needs it
-            out["ref_params"] = self.learner.ref[1]
+            out["ref_params"] = ref
         return out
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        self.learner.state = TrainState(state["step"], state["params"], state["opt_state"])
+        self.learner.load_layer_state(TrainState(state["step"], state["params"], state["opt_state"]),
+                                      state.get("ref_params"))
         self.num_tokens = int(state["num_tokens"])
-        if "ref_params" in state:
-            graphdef, _, rest = self.learner.ref
-            self.learner.ref = graphdef, state["ref_params"], rest
 
     # -- one epoch -------------------------------------------------------------------------------
 

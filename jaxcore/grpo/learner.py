@@ -12,10 +12,14 @@ With `cfg.grpo.lora`, the trainable parameters are only the adapters (`jaxcore.m
 base, and the reference model is that base (no copy).
 With `sync_ref_model`, every `ref_model_sync_steps` optimiser steps the reference parameters become
 alpha * policy + (1 - alpha) * reference (TRL's SyncRefModelCallback).
+With `cfg.model.scan_layers` (the default) the train state holds the blocks stacked (`jaxcore.model.layer_stack`)
+and every training program scans them, so tracing and compiling cost the same at any depth; the rollout's model,
+checkpoints and exports are per layer, as everywhere else.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -37,15 +41,26 @@ from jaxcore.grpo.step import (
     policy_logps,
 )
 from jaxcore.hf import peft
-from jaxcore.model import lora
+from jaxcore.model import layer_stack, lora
 from jaxcore.model.state import module_copy
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import BATCH_AXES, FSDP, replicated
-from jaxcore.parallel.sharding import fsdp_shardings, optimizer_state_shardings
+from jaxcore.parallel.sharding import fsdp_spec, optimizer_state_shardings
 from jaxcore.runtime.optim import make_optimizer
 
+log = logging.getLogger(__name__)
 RefModel = Transformer | Callable[[], Transformer] | None
+
+
+def fsdp_layer_shardings(params: Params, mesh: Mesh, min_size: int) -> Any:
+    """FSDP shardings over "fsdp" for parameters in either layout: a stacked leaf is split as each of its layers
+    would be (never along the layer axis, which the scan walks)."""
+    def sharding(path: tuple[Any, ...], x: jax.Array) -> NamedSharding:
+        layers = layer_stack.layer_axes(path)
+        spec = fsdp_spec(tuple(x.shape[layers:]), FSDP, mesh.shape[FSDP], min_size)
+        return NamedSharding(mesh, P(*([None] * layers), *spec))
+    return jax.tree_util.tree_map_with_path(sharding, params)
 
 
 def configure_model(model: Transformer, compute_dtype: str | None, remat: bool | None) -> Transformer:
@@ -79,20 +94,25 @@ class GRPOLearner:
         model = configure_model(model, compute_dtype, remat)
         if g.lora is not None:
             model = lora.frozen_base(model, g.lora)
+        self.num_layers = model.config.num_layers
+        adapters = None if g.lora is None else peft.init_peft_adapters(model, g.lora, jax.random.key(cfg.train.seed))
+        self.scanned = cfg.model.scan_layers and self._stackable(adapters)
+        if self.scanned:
+            model = layer_stack.scanned(model)
         self.graphdef, base, self.rest = nnx.split(model, nnx.Param, ...)
         base = nnx.to_pure_dict(base)
-        self.optimizer = make_optimizer(cfg.optimizer, cfg.total_steps)
+        self.optimizer = make_optimizer(cfg.optimizer, cfg.total_steps, decay_mask=layer_stack.layer_matrices)
         self.batch_axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.axis_names)
         self.micro_sharding = None
         if mesh is not None:
             self.micro_sharding = NamedSharding(mesh, P(None, self.batch_axes))
-            shardings = (fsdp_shardings(base, mesh, FSDP, fsdp_min_size) if FSDP in mesh.axis_names
+            shardings = (fsdp_layer_shardings(base, mesh, fsdp_min_size) if FSDP in mesh.axis_names
                          else jax.tree.map(lambda _: replicated(mesh), base))
             base = jax.device_put(base, shardings)
-        if g.lora is None:
+        if adapters is None:
             params, self.frozen = base, None
         else:
-            params = peft.init_peft_adapters(model, g.lora, jax.random.key(cfg.train.seed))
+            params = self.to_training_layout(adapters)
             if mesh is not None:
                 params = jax.device_put(params, replicated(mesh))
             self.frozen = base
@@ -102,6 +122,7 @@ class GRPOLearner:
                                                                              replicated(mesh))
         self.state = TrainState(step0, params, opt_state)
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh is not None else None
+        self.state_shardings = state_shardings
         step = make_train_step(self.build, cfg, self.optimizer, self.micro_sharding)
         self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
         self._score = jax.jit(self._score_fn, static_argnums=(0, 5))       # graphdef, start
@@ -110,16 +131,75 @@ class GRPOLearner:
         self._split = jax.jit(lambda b: _micro_batches(b, g.steps_per_rollout, self.micro_sharding))
         self.ref = self._init_ref(ref_model, base) if g.beta != 0.0 else None
 
+    def _stackable(self, adapters: Any) -> bool:
+        """Whether the blocks can train stacked: always without LoRA; with LoRA, when every adapted kind of kernel
+        is adapted on every layer (peft's `layers_to_transform` can pick some)."""
+        if adapters is None:
+            return True
+        try:
+            jax.eval_shape(lambda a: layer_stack.stack_paths(a, self.num_layers), adapters)
+        except ValueError as err:
+            log.info("training the layers one by one (no scan): %s", err)
+            return False
+        return True
+
     def build(self, params: Params, frozen: Any, key: jax.Array | None = None) -> Transformer:
-        """The policy module for trainable `params` (and, with LoRA, the frozen base `frozen`)."""
+        """The policy module for trainable `params` (and, with LoRA, the frozen base `frozen`), in the training
+        layout (`scanned`: blocks stacked)."""
         if self.cfg.grpo.lora is None:
             return nnx.merge(self.graphdef, params, self.rest)
         return lora.lora_model(nnx.merge(self.graphdef, frozen, self.rest), params, self.cfg.grpo.lora, key)
+
+    # -- between the training layout and the per-layer one ----------------------------------------------------
+
+    def to_training_layout(self, params: Params) -> Params:
+        """Trainable parameters (or a tree shaped like them) from the per-layer layout into the training one."""
+        if not self.scanned:
+            return params
+        if self.cfg.grpo.lora is not None:
+            return layer_stack.stack_paths(params, self.num_layers)
+        return layer_stack.stack_params(params)
+
+    def to_layer_layout(self, params: Params) -> Params:
+        """The inverse of `to_training_layout`."""
+        if not self.scanned:
+            return params
+        if self.cfg.grpo.lora is not None:
+            return layer_stack.unstack_paths(params, self.num_layers)
+        return layer_stack.unstack_params(params)
+
+    def layer_state(self) -> tuple[TrainState, Params | None]:
+        """The train state and the reference parameters (None without a reference) in the per-layer layout, as
+        checkpoints store them (whatever the training layout)."""
+        state, ref = self.state, None if self.ref is None else self.ref[1]
+        if not self.scanned:
+            return state, ref
+        params = state.params
+        state = TrainState(state.step, self.to_layer_layout(params),
+                           layer_stack.map_like(self.to_layer_layout, state.opt_state, params))
+        return state, None if ref is None else layer_stack.unstack_params(ref)
+
+    def load_layer_state(self, state: TrainState, ref: Params | None = None) -> None:
+        """Set the train state (and the reference parameters) from the per-layer layout of `layer_state`."""
+        if self.scanned:
+            params = state.params
+            state = TrainState(state.step, self.to_training_layout(params),
+                               layer_stack.map_like(self.to_training_layout, state.opt_state, params))
+            ref = None if ref is None else layer_stack.stack_params(ref)
+            if self.mesh is not None:
+                state = jax.device_put(state, self.state_shardings)
+                ref = None if ref is None else jax.device_put(ref, jax.tree.map(lambda x: x.sharding, self.ref[1]))
+        self.state = state
+        if ref is not None:
+            graphdef, _, rest = self.ref
+            self.ref = graphdef, ref, rest
 
     def _init_ref(self, ref_model: RefModel, base: Params) -> tuple[nnx.GraphDef, Params, nnx.State]:
         if ref_model is None:
             return self.graphdef, (base if self.cfg.grpo.lora is not None else jax.tree.map(jnp.copy, base)), self.rest
         model = ref_model if isinstance(ref_model, Transformer) else ref_model()
+        if self.scanned:
+            model = layer_stack.scanned(model)
         graphdef, ref_params, rest = nnx.split(model, nnx.Param, ...)
         ref_params = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), nnx.to_pure_dict(ref_params), base)
         return graphdef, ref_params, rest
@@ -134,24 +214,28 @@ class GRPOLearner:
 
     @property
     def model(self) -> Transformer:
-        """The current policy as an NNX module sharing the train state's arrays (which the next `step`
-        donates: take a fresh `model` after every step, e.g. for the next rollout). With LoRA, the base
-        with adapter stand-ins (what training evaluates)."""
-        return self.build(self.state.params, self.frozen)
+        """The current policy as an NNX module with per-layer blocks (what decoding runs), sharing the train
+        state's arrays when it trains per layer (which the next `step` donates: take a fresh `model` after every
+        step, e.g. for the next rollout), else a per-layer copy of them. With LoRA, the base with adapter
+        stand-ins (what training evaluates)."""
+        return layer_stack.unrolled(self.build(self.state.params, self.frozen))
+
+    def _layer_base(self) -> Transformer:
+        """The frozen LoRA base with per-layer blocks."""
+        return layer_stack.unrolled(nnx.merge(self.graphdef, self.frozen, self.rest))
 
     def export_model(self) -> Transformer:
         """The policy with plain weights (LoRA: merged, ``w + scaling * a @ b`` in fp32), for `save_hf`."""
         if self.cfg.grpo.lora is None:
             return self.model
-        return lora.merged_model(nnx.merge(self.graphdef, self.frozen, self.rest), self.state.params,
-                                 self.cfg.grpo.lora)
+        return lora.merged_model(self._layer_base(), self.to_layer_layout(self.state.params), self.cfg.grpo.lora)
 
     def save_adapter(self, out_dir: str, base_model_path: str = "") -> Any:
         """Write the LoRA adapters as a peft directory."""
         if self.cfg.grpo.lora is None:
             raise ValueError("save_adapter needs a LoRA learner (cfg.grpo.lora)")
-        base = nnx.merge(self.graphdef, self.frozen, self.rest)
-        return peft.save_adapter(base, self.state.params, self.cfg.grpo.lora, out_dir, base_model_path)
+        return peft.save_adapter(self._layer_base(), self.to_layer_layout(self.state.params), self.cfg.grpo.lora,
+                                 out_dir, base_model_path)
 
     def shard(self, batch: GRPOBatch) -> GRPOBatch:
         """Place a host batch on the mesh (split over the batch axes), or on the default device."""

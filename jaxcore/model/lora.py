@@ -26,6 +26,7 @@ from annotated_types import Ge, Interval, MinLen
 from flax import nnx
 
 from jaxcore.config.schema import Checked
+from jaxcore.model import layer_stack
 from jaxcore.model.state import module_copy, variable_at
 from jaxcore.model.transformer import Transformer
 
@@ -97,16 +98,37 @@ def frozen_base(model: Transformer, cfg: LoRAConfig) -> Transformer:
     return nnx.merge(graphdef, params, rest)
 
 
+def dropout_keys(adapters: Adapters, key: Array) -> dict[str, Array]:
+    """Each adapter's dropout key: `fold_in(key, i)` for the i-th kernel path in sorted per-layer order, in either
+    layout (a stacked `blocks.body.…` adapter gets the keys of its layers, stacked), so that a scanned model drops
+    the same entries as the per-layer one."""
+    per_layer = layer_stack.unstack_paths(adapters, _num_layers(adapters))
+    index = {path: i for i, path in enumerate(sorted(per_layer))}
+    keys = layer_stack.stack_paths({path: jax.random.fold_in(key, index[path]) for path in per_layer},
+                                   _num_layers(adapters)) if _num_layers(adapters) else {}
+    return {path: keys[path] if path in keys else jax.random.fold_in(key, index[path]) for path in adapters}
+
+
+def _num_layers(adapters: Adapters) -> int:
+    """The layer count of stacked adapters (0 when none is stacked: per-layer paths need none)."""
+    for path, ab in adapters.items():
+        if layer_stack.is_stacked_path(path):
+            return ab["a"].shape[0] + 1
+    return 0
+
+
 def lora_model(base: Transformer, adapters: Adapters, cfg: LoRAConfig, key: Array | None = None) -> Transformer:
-    """A copy of `base` whose targeted kernels apply their adapters (dropout only when `key` is given).
+    """A copy of `base` whose targeted kernels apply their adapters (dropout only when `key` is given), in either
+    layout of the blocks (`jaxcore.model.layer_stack`: stacked adapters on a scanned base).
 
     The base parameters are shared, not copied; `base` itself is left unchanged.
     """
     model = module_copy(base)
-    for i, (path, ab) in enumerate(sorted(adapters.items())):
+    keys = dropout_keys(adapters, key) if key is not None else {}
+    for path, ab in sorted(adapters.items()):
         variable = variable_at(model, path)
-        layer_key = None if key is None else jax.random.fold_in(key, i)
-        variable.set_value(LoRAKernel(variable.get_value(), ab["a"], ab["b"], layer_key, cfg.scaling, cfg.dropout))
+        variable.set_value(LoRAKernel(variable.get_value(), ab["a"], ab["b"], keys.get(path), cfg.scaling,
+                                      cfg.dropout))
     return model
 
 

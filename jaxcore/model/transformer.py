@@ -5,7 +5,10 @@ array operators (``x @ kernel``, ``table[ids]``, ``x @ table.T``, ``.astype``). 
 ``jaxcore.es.eggroll`` swap a weight for a low-rank-perturbed stand-in without the model knowing.
 
 Per-layer differences (Gemma 3's sliding-window layers and their RoPE base) are data from the config
-(`ModelConfig.layer_window`, `layer_rope`), not other classes.
+(`ModelConfig.layer_window`, `layer_rope`), not other classes, so every block has the same structure: the blocks
+are either a list run one after another (`nnx.List`, the layout every converter, checkpoint and ES stand-in uses)
+or a `LayerStack` whose parameters carry a leading layer axis, run under one `lax.scan` so that tracing and
+compiling a training step cost the same at any depth (`jaxcore.model.layer_stack` converts between the two).
 
 Shape suffixes: B batch, T query length, S key/cache length, D model width, H heads,
 K key/value heads, E head dim, F MLP width, V vocabulary.
@@ -14,7 +17,7 @@ K key/value heads, E head dim, F MLP width, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 from typing import Any
 
 import jax
@@ -23,9 +26,9 @@ import numpy as np
 from flax import nnx
 
 from jaxcore.model.config import ModelConfig
+from jaxcore.model.rope import Rope, rope_inverse_frequencies, rope_tables, rotate
 
 Array = jax.Array
-Rope = tuple[Array, Array]          # cos and sin [B, T, 1, E] of the rotary angles (rope_tables)
 
 
 @jax.tree_util.register_dataclass
@@ -58,59 +61,6 @@ def positions_from_mask(attention_mask_BT: Array) -> Array:
     """Position ids for a left-padded batch, as HF computes them: cumsum(mask) - 1, pads at 0."""
     mask = attention_mask_BT.astype(jnp.int32)
     return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
-
-
-def rope_inverse_frequencies(config: ModelConfig, layer: int = 0) -> np.ndarray:
-    """Inverse RoPE frequencies [E/2] of layer `layer` in float32, including HF's `linear` and `llama3` scaling."""
-    dim = config.head_dim
-    theta, params = config.layer_rope(layer)
-    # torch's float32 `base ** t` is (nearly always) the correctly rounded power, which numpy's float32 pow is not
-    # (1 ulp off in ~10% of entries): the power in float64 rounded to float32, then 1 / it in float32, as HF.
-    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    inv_freq = np.float32(1.0) / (np.float64(theta) ** exponent.astype(np.float64)).astype(np.float32)
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "linear":
-        return (inv_freq / np.float32(params["factor"])).astype(np.float32)
-    if rope_type == "llama3":
-        factor = params["factor"]
-        low, high = params["low_freq_factor"], params["high_freq_factor"]
-        old_len = params["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return np.where(medium, smoothed, scaled).astype(np.float32)
-    return inv_freq
-
-
-def rope_tables(positions_BT: Array, inv_freq: np.ndarray, positions_below: int | None = None) -> Rope:
-    """cos and sin [B, T, 1, E] of the rotary angles (positions * inverse frequencies, in float32), HF's
-    half-split layout.
-
-    With `positions_below` (a bound on every position), cos and sin are computed once per position and gathered:
-    XLA:CPU fuses them into every layer's rotation, forward and backward, and evaluates them there once per head
-    (an optimisation barrier does not stop it), which costs a twentieth of a CPU training step."""
-    def angles(positions: Array) -> Array:
-        angles_e = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
-        return jnp.concatenate([angles_e, angles_e], axis=-1)
-    if positions_below is None:
-        angles_BTE = angles(positions_BT)
-        cos_BTE, sin_BTE = jnp.cos(angles_BTE), jnp.sin(angles_BTE)
-    else:
-        angles_PE = angles(jnp.arange(positions_below))
-        cos_BTE, sin_BTE = jnp.cos(angles_PE)[positions_BT], jnp.sin(angles_PE)[positions_BT]
-    return cos_BTE[:, :, None, :], sin_BTE[:, :, None, :]
-
-
-def rotate(x_BTHE: Array, rope: Rope) -> Array:
-    """Rotary embedding from `rope_tables`, computed in float32 (float64 stays float64)."""
-    cos_BT1E, sin_BT1E = rope
-    x = x_BTHE.astype(jnp.promote_types(x_BTHE.dtype, jnp.float32))
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos_BT1E + rotated * sin_BT1E).astype(x_BTHE.dtype)
 
 
 def grouped_attention(q_BTHE: Array, k_BKES: Array, v_BKSE: Array, mask_BTS: Array, scale: float) -> Array:
@@ -219,15 +169,13 @@ class MLP(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Multi-head attention with GQA, optional q/k RMSNorm (Qwen3, Gemma), RoPE, and a KV cache. Layer `layer`'s
-    RoPE base comes from the config; its sliding window is in the mask the caller passes."""
+    """Multi-head attention with GQA, optional q/k RMSNorm (Qwen3, Gemma), RoPE, and a KV cache. The layer's
+    rotary tables and sliding window come from the caller (the rope and the mask it passes)."""
 
-    def __init__(self, config: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
         d, e = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, e
         self.scale = config.attention_scale
-        self.use_rope = not config.learned_positions
-        self.inv_freq = tuple(rope_inverse_frequencies(config, layer).tolist()) if self.use_rope else ()
         self.q = Linear(d, config.num_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
         self.k = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
         self.v = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
@@ -239,7 +187,7 @@ class Attention(nnx.Module):
     def __call__(self, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                  cache_kv: tuple[Array, Array] | None, cache_index: Array | None, queries_from: int = 0
                  ) -> tuple[Array, tuple[Array, Array] | None]:
-        """`rope`: this layer's rotary tables (`rope_tables` of the positions at its `inv_freq`), None without RoPE.
+        """`rope`: this layer's rotary tables (`rope_tables` of the positions at its frequencies), None without RoPE.
         With `queries_from`, only the positions from there on query (all of them are keys and values): the output
         has T - queries_from positions."""
         b, t, _ = x_BTD.shape
@@ -266,11 +214,11 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma)
     x + post_norm(attn(norm(x))), then x + post_norm(mlp(norm(x)))."""
 
-    def __init__(self, config: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
         norm = (lambda: Norm(config.hidden_size, config.norm_type, config.norm_eps,
                              param_dtype=param_dtype))
         self.attn_norm = norm()
-        self.attn = Attention(config, layer, rngs=rngs, param_dtype=param_dtype)
+        self.attn = Attention(config, rngs=rngs, param_dtype=param_dtype)
         self.attn_post_norm = norm() if config.sandwich_norms else None
         self.mlp_norm = norm()
         self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
@@ -308,24 +256,72 @@ class Embedding(nnx.Module):
         return matmul_rows(x_BTD, _value(self.table).T.astype(x_BTD.dtype))
 
 
+LayerKind = tuple[int | None, tuple[float, ...]]     # (sliding window or None, inverse RoPE frequencies or ())
+
+
+@functools.lru_cache(maxsize=64)
+def layer_kinds(config: ModelConfig) -> tuple[LayerKind, ...]:
+    """Per layer, what sets it apart from the others: its sliding window (None: full attention) and its RoPE
+    inverse frequencies (() without RoPE). Gemma 3 has two kinds; the other families one."""
+    def kind(layer: int) -> LayerKind:
+        freqs = () if config.learned_positions else tuple(rope_inverse_frequencies(config, layer).tolist())
+        return config.layer_window(layer), freqs
+    return tuple(kind(i) for i in range(config.num_layers))
+
+
+class LayerStack(nnx.Module):
+    """The blocks of a scanned model. `body` holds layers 0 .. L-2 with a leading layer axis on every parameter
+    (None for a one-layer model) and runs under one `lax.scan`; `last`, the last layer, runs on its own so that it
+    computes only the positions the LM head reads (`logits_from`), and is stored apart so that no gradient or
+    update ever concatenates it with the others."""
+
+    def __init__(self, body: Block | None, last: Block):
+        self.body = body
+        self.last = last
+
+    @classmethod
+    def of(cls, blocks: list[Block]) -> LayerStack:
+        """The stack of per-layer `blocks` (values stacked: a copy; stand-in values such as LoRA kernels too)."""
+        if len(blocks) == 1:
+            return cls(None, blocks[0])
+        graphdefs, states = zip(*(nnx.split(block) for block in blocks[:-1]))
+        return cls(nnx.merge(graphdefs[0], jax.tree.map(lambda *xs: jnp.stack(xs), *states)), blocks[-1])
+
+    def unstacked(self) -> list[Block]:
+        """The per-layer blocks (slices of the stacked values: copies)."""
+        if self.body is None:
+            return [self.last]
+        graphdef, state = nnx.split(self.body)
+        count = jax.tree.leaves(state)[0].shape[0]
+        return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(count)] + [self.last]
+
+
 class Transformer(nnx.Module):
-    """The decoder. `model(input_ids, attention_mask=mask)` returns float32 logits [B, T, V]."""
+    """The decoder. `model(input_ids, attention_mask=mask)` returns float32 logits [B, T, V].
+
+    `scan_layers=True` stores the blocks as a `LayerStack` (training: one traced block whatever the depth);
+    the KV-cache forward needs the per-layer list (`jaxcore.model.layer_stack.unrolled`)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
-                 param_dtype: Any = jnp.float32, remat: bool = False):
+                 param_dtype: Any = jnp.float32, remat: bool = False, scan_layers: bool = False):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.remat = remat
         self.embed = Embedding(config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype)
         self.pos_embed = (Embedding(config.max_position_embeddings, config.hidden_size, rngs=rngs,
                                     param_dtype=param_dtype) if config.learned_positions else None)
-        self.blocks = nnx.List([Block(config, i, rngs=rngs, param_dtype=param_dtype)
-                                for i in range(config.num_layers)])
+        blocks = [Block(config, rngs=rngs, param_dtype=param_dtype) for _ in range(config.num_layers)]
+        self.blocks = LayerStack.of(blocks) if scan_layers else nnx.List(blocks)
         self.final_norm = Norm(config.hidden_size, config.norm_type, config.norm_eps,
                                param_dtype=param_dtype)
         self.lm_head = (None if config.tie_word_embeddings else
                         Linear(config.hidden_size, config.vocab_size, False, rngs=rngs,
                                param_dtype=param_dtype))
+
+    @property
+    def scanned(self) -> bool:
+        """Whether the blocks are a `LayerStack` (run under `lax.scan`) rather than a per-layer list."""
+        return isinstance(self.blocks, LayerStack)
 
     def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                  positions: Array | None = None, *, logits_from: int = 0) -> Array:
@@ -355,6 +351,8 @@ class Transformer(nnx.Module):
         which of the new tokens are real. Positions are below the cache length (a token's position never exceeds its
         slot). Returns logits [B, T, V] (or [B, 1, V] if last_only).
         """
+        if self.scanned:
+            raise TypeError("a scanned model has no KV-cache forward: decode with layer_stack.unrolled(model)")
         t = input_ids_BT.shape[1]
         valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT.astype(bool), (0, cache_index))
         masks = self._masks(cache_index + jnp.arange(t), jnp.arange(cache.length), valid_BS)
@@ -380,7 +378,7 @@ class Transformer(nnx.Module):
         A sliding layer's query at slot q sees keys at slots (q - window, q], as HF's sliding-window mask does;
         slots, not positions, so that left padding counts as in HF (the padding is masked out anyway)."""
         causal_TS = key_slot_S[None, :] <= query_slot_T[:, None]
-        windows = {self.config.layer_window(i) for i in range(self.config.num_layers)}
+        windows = {window for window, _ in layer_kinds(self.config)}
         return {w: (causal_TS if w is None else causal_TS & (key_slot_S[None, :] > query_slot_T[:, None] - w))[None]
                 & valid_BS[:, None, :] for w in windows}
 
@@ -395,18 +393,47 @@ class Transformer(nnx.Module):
             x_BTD = x_BTD * jnp.asarray(self.config.embed_scale, self.dtype)
         if self.pos_embed is not None:
             x_BTD = x_BTD + self.pos_embed(positions_BT, self.dtype)
-        new_cache = [] if cache_kv is not None else None
         ropes = self._rope_tables(positions_BT, positions_below)
+
+        def layer_inputs(kind: LayerKind) -> tuple[Rope | None, Array]:
+            window, freqs = kind
+            return (ropes[freqs] if freqs else None), masks[window]
+
+        if self.scanned:
+            return self._scan_blocks(x_BTD, layer_inputs, outputs_from), None
+        new_cache = [] if cache_kv is not None else None
+        kinds = layer_kinds(self.config)
         for i, block in enumerate(self.blocks):
             layer_kv = cache_kv[i] if cache_kv is not None else None
-            rope = ropes[block.attn.inv_freq] if block.attn.use_rope else None
-            queries_from = outputs_from if i == len(self.blocks) - 1 else 0
+            queries_from = outputs_from if i == len(kinds) - 1 else 0
             with jax.named_scope(f"block_{i}"):
-                x_BTD, layer_kv = self._run_block(block, x_BTD, rope, masks[self.config.layer_window(i)],
-                                                  layer_kv, cache_index, queries_from)
+                x_BTD, layer_kv = self._run_block(block, x_BTD, *layer_inputs(kinds[i]), layer_kv, cache_index,
+                                                  queries_from)
             if new_cache is not None:
                 new_cache.append(layer_kv)
         return x_BTD, new_cache
+
+    def _scan_blocks(self, x_BTD: Array, layer_inputs: Any, outputs_from: int) -> Array:
+        """The `LayerStack`'s blocks: layers 0 .. L-2 under one `lax.scan` (each layer's rope and mask picked by its
+        kind where the layers differ), then the last layer from `outputs_from` on."""
+        kinds = layer_kinds(self.config)
+        stack: LayerStack = self.blocks
+        if stack.body is not None:
+            graphdef, state = nnx.split(stack.body)
+            distinct = list(dict.fromkeys(kinds[:-1]))
+            inputs = [layer_inputs(kind) for kind in distinct]
+            by_kind = jax.tree.map(lambda *xs: jnp.stack(xs), *inputs) if len(distinct) > 1 else None
+            kind_L = jnp.asarray([distinct.index(kind) for kind in kinds[:-1]], jnp.int32)
+
+            def layer(x_BTD: Array, state_and_kind: tuple[nnx.State, Array]) -> tuple[Array, None]:
+                state, kind = state_and_kind
+                rope, mask_BTS = inputs[0] if by_kind is None else jax.tree.map(lambda x: x[kind], by_kind)
+                return nnx.merge(graphdef, state)(x_BTD, rope, mask_BTS)[0], None
+
+            if self.remat:
+                layer = jax.checkpoint(layer)
+            x_BTD, _ = jax.lax.scan(layer, x_BTD, (state, kind_L))
+        return self._run_block(stack.last, x_BTD, *layer_inputs(kinds[-1]), None, None, outputs_from)[0]
 
     def _rope_tables(self, positions_BT: Array, positions_below: int | None) -> dict[tuple[float, ...], Rope]:
         """{inverse frequencies: rotary tables} for every RoPE base the layers use, once per forward.
@@ -414,9 +441,10 @@ class Transformer(nnx.Module):
         The table over every position below the bound is gathered only where it is no larger than the
         evaluations it replaces (XLA's at least once per layer and token): a decode step of few rows over a long
         cache computes its tokens' angles directly."""
-        if positions_below is not None and positions_below > positions_BT.size * len(self.blocks):
+        kinds = layer_kinds(self.config)
+        if positions_below is not None and positions_below > positions_BT.size * len(kinds):
             positions_below = None
-        frequencies = {block.attn.inv_freq for block in self.blocks if block.attn.use_rope}
+        frequencies = {freqs for _, freqs in kinds if freqs}
         return {f: rope_tables(positions_BT, np.asarray(f, np.float32), positions_below) for f in frequencies}
 
     def _run_block(self, block: Block, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
@@ -435,9 +463,10 @@ class Transformer(nnx.Module):
 
 
 def create_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
-                 remat: bool = False, seed: int = 0) -> Transformer:
+                 remat: bool = False, seed: int = 0, scan_layers: bool = False) -> Transformer:
     """A randomly initialised model (tests and benchmarks; real weights come from `load_hf`)."""
-    return Transformer(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, remat=remat)
+    return Transformer(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, remat=remat,
+                       scan_layers=scan_layers)
 
 
 def abstract_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,

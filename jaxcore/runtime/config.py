@@ -25,6 +25,7 @@ class ModelSource(Checked):
     path: str = ""                      # HF directory or jaxcore checkpoint
     dtype: ComputeDtype = "float32"     # compute dtype; parameters stay float32
     remat: bool = False
+    scan_layers: bool = True            # GRPO trains the blocks under one lax.scan (compile cost flat in depth)
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ updates is needed to find out.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,6 +33,11 @@ def decays(param: Array) -> bool:
     return param.ndim >= 2
 
 
+def matrices(params: Any) -> Any:
+    """The default decay mask: `decays` of every leaf (a tree of bools like `params`)."""
+    return jax.tree.map(decays, params)
+
+
 @dataclasses.dataclass(frozen=True)
 class FusedAdam:
     """optax's `chain(clip_by_global_norm(max_grad_norm), adamw(...))` (or `adam`: weight_decay 0) as one step."""
@@ -41,8 +47,9 @@ class FusedAdam:
     b1: float
     b2: float
     eps: float
-    weight_decay: float = 0.0                   # decoupled, where `decays` (matrices), as HF's AdamW
+    weight_decay: float = 0.0                   # decoupled, where `decay_mask` says (matrices), as HF's AdamW
     max_grad_norm: float | None = None          # None: no clipping
+    decay_mask: Callable[[Any], Any] = matrices   # params -> bools: which leaves weight decay applies to
 
     @property
     def init(self) -> Any:
@@ -77,13 +84,13 @@ class FusedAdam:
         mu, nu = jax.tree.map(first_moment, grads, adam.mu), jax.tree.map(second_moment, grads, adam.nu)
         mu, nu = jax.lax.optimization_barrier((mu, nu))   # the parameter pass reads them, it does not recompute them
 
-        def parameter(p: Array, m: Array, v: Array) -> Array:
+        def parameter(p: Array, m: Array, v: Array, decay: bool) -> Array:
             u = (m * inv_correction1.astype(m.dtype)) / (jnp.sqrt(v * inv_correction2.astype(v.dtype)) + self.eps)
-            if self.weight_decay and decays(p):
+            if self.weight_decay and decay:
                 u = u + self.weight_decay * p
             return jnp.where(applied, (p - lr.astype(p.dtype) * u).astype(p.dtype), p)
 
-        new_params = jax.tree.map(parameter, params, mu, nu)
+        new_params = jax.tree.map(parameter, params, mu, nu, self.decay_mask(params))
         new_adam = adam._replace(count=jnp.where(applied, count, adam.count), mu=mu, nu=nu)
         return new_params, _rebuild(state, new_adam, applied), applied
 

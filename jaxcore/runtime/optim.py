@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import jax
 import optax
 from annotated_types import Ge, Gt, Interval
 
 from jaxcore.config.schema import Checked
-from jaxcore.runtime.fused_adam import FusedAdam, decays
+from jaxcore.runtime.fused_adam import FusedAdam, matrices
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "cosine", "linear"]
@@ -86,15 +87,13 @@ def all_finite(tree: object) -> jax.Array:
     return jax.numpy.stack([jax.numpy.isfinite(x).all() for x in leaves]).all()
 
 
-def _matrices(params: object) -> object:
-    return jax.tree.map(decays, params)
-
-
 def make_optimizer(cfg: OptimizerConfig, total_steps: int = 1,
-                   learning_rate: float | optax.Schedule | None = None) -> optax.GradientTransformation | FusedAdam:
+                   learning_rate: float | optax.Schedule | None = None,
+                   decay_mask: Callable[[Any], Any] = matrices) -> optax.GradientTransformation | FusedAdam:
     """Global-norm clipping (when `max_grad_norm` > 0), then SGD, Adam or AdamW at `make_schedule(cfg,
     total_steps)` (or `learning_rate`, a number or an optax schedule, when given). Adam and AdamW come as
-    `FusedAdam` (optax's chain, with a fused step for `apply_step`)."""
+    `FusedAdam` (optax's chain, with a fused step for `apply_step`). AdamW's weight decay applies where
+    `decay_mask(params)` is True (default: the matrices; a stacked layer axis is not a matrix dimension)."""
     check_learning_rate(cfg, total_steps, learning_rate)
     lr = make_schedule(cfg, total_steps) if learning_rate is None else learning_rate
     if cfg.name == "sgd":
@@ -105,7 +104,7 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int = 1,
         opt = optax.adam(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon)
     elif cfg.name == "adamw":
         opt = optax.adamw(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
-                          weight_decay=cfg.weight_decay, mask=_matrices)
+                          weight_decay=cfg.weight_decay, mask=decay_mask)
     else:
         raise ValueError(f"unknown optimizer {cfg.name!r}; choose {', '.join(OPTIMIZERS)}")
     clip = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else None
@@ -114,7 +113,7 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int = 1,
     if cfg.name == "sgd":
         return opt
     return FusedAdam(opt, lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon,
-                     cfg.weight_decay if cfg.name == "adamw" else 0.0, clip)
+                     cfg.weight_decay if cfg.name == "adamw" else 0.0, clip, decay_mask)
 
 
 def apply_step(optimizer: optax.GradientTransformation | FusedAdam, grads: object, opt_state: object,

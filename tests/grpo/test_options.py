@@ -30,7 +30,7 @@ def test_adam_knobs_reach_the_optimizer(path, batch, grpo_job):
 
     opt = cfg.optimizer
     b1, b2, eps, wd = opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay
-    p = flat(learner.state.params)
+    p = flat(learner.to_layer_layout(learner.state.params))      # per layer, whatever layout training uses
     m = {k: np.zeros_like(v) for k, v in p.items()}
     v = {k: np.zeros_like(x) for k, x in p.items()}
     prepared = learner.prepare(batch)
@@ -45,7 +45,7 @@ def test_adam_knobs_reach_the_optimizer(path, batch, grpo_job):
             m_hat, v_hat = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
             decay = wd * p[k] if p[k].ndim >= 2 else 0.0             # HF/TRL: no decay on biases and norms
             p[k] = p[k] - lr * (m_hat / (np.sqrt(v_hat) + eps) + decay)
-        ours = flat(learner.state.params)
+        ours = flat(learner.to_layer_layout(learner.state.params))
         for k in p:
             np.testing.assert_allclose(ours[k], p[k], rtol=1e-5, atol=1e-7, err_msg=f"step {t} {k}")
 
@@ -54,7 +54,7 @@ def test_adam_knobs_reach_the_optimizer(path, batch, grpo_job):
         opt, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0)))
     plain.step(prepared)
     plain.step(prepared)
-    other = flat(plain.state.params)
+    other = flat(plain.to_layer_layout(plain.state.params))
     assert max(np.abs(other[k] - p[k]).max() for k in p) > 1e-4
 
 

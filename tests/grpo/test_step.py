@@ -137,7 +137,7 @@ def sgd_learner(grpo_job, path, load_ref, mesh, fsdp_min_size=SHARD_MIN_SIZE) ->
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grpo_learner, "make_optimizer",
-                      lambda opt, total_steps: optax.sgd(make_schedule(opt, total_steps)))
+                      lambda opt, total_steps, **_: optax.sgd(make_schedule(opt, total_steps)))
         return GRPOLearner(jaxcore.load_hf(path), grpo_job(**MESH_CFG), mesh=mesh, ref_model=load_ref,
                            fsdp_min_size=fsdp_min_size)
 
@@ -253,7 +253,7 @@ def test_a_non_finite_update_is_never_applied(path, batch, grpo_job, monkeypatch
 
     from jaxcore.grpo import learner as learner_module
 
-    monkeypatch.setattr(learner_module, "make_optimizer", lambda cfg, total_steps: optax.sgd(learning_rate))
+    monkeypatch.setattr(learner_module, "make_optimizer", lambda cfg, total_steps, **_: optax.sgd(learning_rate))
     learner = GRPOLearner(jaxcore.load_hf(path), grpo_job(loss_type="grpo", max_completion_length=8))
     before = params_of(learner)
     steps = learner.train_on_rollout(batch)

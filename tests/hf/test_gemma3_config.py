@@ -77,7 +77,7 @@ def test_rope_inverse_frequencies_are_transformers_bits(theta, head_dim):
     import numpy as np
     import torch
 
-    from jaxcore.model.transformer import rope_inverse_frequencies
+    from jaxcore.model.rope import rope_inverse_frequencies
 
     cfg = config_from_hf({**LEGACY, "head_dim": head_dim, "rope_local_base_freq": theta})
     expected = (1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))).numpy()

@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 import jaxcore
-from jaxcore.model.transformer import rope_tables
+from jaxcore.model.rope import rope_tables
+from jaxcore.model.transformer import layer_kinds
 
 
 def test_gathered_tables_equal_the_direct_ones():
@@ -45,7 +46,7 @@ def test_training_forward_and_backward_evaluate_no_transcendental_per_head(tiny_
     activation = cfg.num_layers * b * t * cfg.intermediate_size
     norm_rows = (cfg.num_layers * (4 + 2 * cfg.qk_norm * (cfg.num_heads + cfg.num_kv_heads)) + 1) * b * t
     log_softmax = b * t * cfg.vocab_size
-    tables = 2 * t * cfg.head_dim * len({block.attn.inv_freq for block in model.blocks})
+    tables = 2 * t * cfg.head_dim * len({freqs for _, freqs in layer_kinds(cfg)})
     essential = softmax + activation + norm_rows + log_softmax + tables
     per_head = 2 * cfg.num_layers * b * t * (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim   # one pass of cos
     assert transcendentals <= essential + per_head / 4, (transcendentals, essential, per_head)
