@@ -20,16 +20,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcore.model.state import module_copy
-from jaxcore.model.transformer import LayerStack, Transformer
+from jaxcore.model.transformer import LayerStack, Transformer, layer_of
 
 BODY, LAST = "body", "last"
 _LAYER_PATH = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _STACKED_PATH = re.compile(r"^blocks\.(body|last)\.(.+)$")
 
 
-@jax.jit
 def scanned(model: Transformer) -> Transformer:
-    """`model` with its blocks as a `LayerStack` (a stacked copy of the block parameters; stand-ins stack too)."""
+    """`model` with its blocks as a `LayerStack` (a stacked copy of the block parameters; stand-ins stack too;
+    everything else shared)."""
     if model.scanned:
         return model
     out = module_copy(model)
@@ -37,9 +37,9 @@ def scanned(model: Transformer) -> Transformer:
     return out
 
 
-@jax.jit
 def unrolled(model: Transformer) -> Transformer:
-    """`model` with its blocks as a per-layer list (slices of a `LayerStack`: copies)."""
+    """`model` with its blocks as a per-layer list (slices of a `LayerStack`: copies; everything else shared).
+    Outside a trace each slice is one small program per parameter shape, whatever the depth."""
     if not model.scanned:
         return model
     out = module_copy(model)
@@ -70,7 +70,7 @@ def _stack(values: list[Any]) -> Any:
 
 
 def _unstack(value: Any, count: int) -> list[Any]:
-    return [jax.tree.map(lambda x, i=i: x[i], value) for i in range(count)]
+    return [jax.tree.map(lambda x, i=i: layer_of(x, i), value) for i in range(count)]
 
 
 def stack_params(tree: Mapping[Any, Any]) -> dict[Any, Any]:

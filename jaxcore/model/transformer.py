@@ -293,7 +293,19 @@ class LayerStack(nnx.Module):
             return [self.last]
         graphdef, state = nnx.split(self.body)
         count = jax.tree.leaves(state)[0].shape[0]
-        return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(count)] + [self.last]
+        return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: layer_of(x, i), state)) for i in range(count)] + [
+            self.last]
+
+
+def layer_of(x_L: Array, layer: int) -> Array:
+    """Layer `layer` of a stacked array: a slice at a dynamic index, so that called outside a trace every layer
+    runs the same small compiled program (one per shape) rather than one program per layer."""
+    return _layer_at(x_L, np.int32(layer))
+
+
+@jax.jit
+def _layer_at(x_L: Array, layer: Array) -> Array:
+    return jax.lax.dynamic_index_in_dim(x_L, layer, keepdims=False)
 
 
 class Transformer(nnx.Module):
@@ -430,8 +442,11 @@ class Transformer(nnx.Module):
                 rope, mask_BTS = inputs[0] if by_kind is None else jax.tree.map(lambda x: x[kind], by_kind)
                 return nnx.merge(graphdef, state)(x_BTD, rope, mask_BTS)[0], None
 
-            if self.remat:
-                layer = jax.checkpoint(layer)
+            # A scan's backward reads what its forward saved from per-layer stacks (which XLA:CPU also zero-fills
+            # each step): saving only the GEMMs' outputs and recomputing the elementwise rest moves fewer bytes.
+            # With remat, nothing but the layer's input is saved.
+            policy = None if self.remat else jax.checkpoint_policies.dots_saveable
+            layer = jax.checkpoint(layer, prevent_cse=False, policy=policy)
             x_BTD, _ = jax.lax.scan(layer, x_BTD, (state, kind_L))
         return self._run_block(stack.last, x_BTD, *layer_inputs(kinds[-1]), None, None, outputs_from)[0]
 
