@@ -24,6 +24,7 @@ class BenchOptions:
     quick: bool = False              # smaller shapes, for tests
     workdir: str = "runs/bench"
     compilation_cache: str | None = None   # the trl suite's jaxcore runs: a directory, "off", None = the default
+    steps: int | None = None         # the trl suite: steps per run in every regime (None: its defaults)
 
 
 # Shapes for the real-size presets (issue 12): batch/population 256, prompt 64, 256 new tokens.

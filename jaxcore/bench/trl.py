@@ -9,7 +9,13 @@ warm-up) left out of the median. Every run is a fresh Python process, as a user'
 allocator as TRL's users have it (`JAXCORE_HOST_MALLOC=system`), jaxcore's with the policy `import jaxcore`
 sets (`jaxcore.runtime.host_allocator`; `trl.host_malloc` says what each side ran with). Needs `trl`
 (`pip install 'jaxcore[trl]'`). Settings as in TRL's examples: 2 prompts x 8 generations, temperature 1,
-loss `dapo`, beta 0, AdamW, fp32 on CPU.
+loss `dapo`, beta 0, AdamW, fp32 on CPU, no checkpoints (TRL's save_strategy "no", jaxcore's
+checkpoint_every -1).
+
+Beside the median step, what a user feels: each run's whole wall time from its process's start (imports,
+loading and compilation included; `..._wall_s`, and `jax_over_trl_wall`), jaxcore's seconds making programs
+on the critical path (`jax_compile_share` of its wall time), and every step's reward against the wall-clock
+seconds since its process started (`..._reward_time`, drawn in `trl_reward_vs_time.png` under the workdir).
 """
 
 from __future__ import annotations
@@ -24,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from jaxcore.bench import BenchOptions, bench_checkpoint, device_info
 from jaxcore.runtime import host_allocator
+from jaxcore.runtime.programs import process_start_time
 
 PROMPTS = ["Explain in detail how a bicycle works.", "Describe a busy city street in the morning."]   # long answers
 REGIMES = {"fill": 1e-6, "short": 3e-5}
@@ -41,14 +46,13 @@ def brevity(prompts: list[Any], completions: list[str], **_: Any) -> list[float]
 def settings(options: BenchOptions) -> dict[str, Any]:
     """The compared job: steps per run of each regime (10 filling; 24 short, so that the median step falls
     after the collapse in both trainers: the step at which a run's completions collapse varies with its random
-    stream, 5-7 in the runs seen, and 12 steps, issue 20's own measurement, left the median on that step; the
-    first step of a run, and each step that meets a new completion-length bucket, includes jaxcore's
-    compilation), completion lengths, rounds (quick: tiny shapes for the tests)."""
+    stream, 5-7 in the runs seen, and 12 steps left the median on that step; `options.steps` sets both, e.g. 12
+    for whole-run wall times), completion lengths, rounds (quick: tiny shapes for the tests)."""
     if options.quick:
-        return {"steps": {"short": 2}, "completion_lengths": (4,), "rounds": 1, "generations": 4,
+        return {"steps": {"short": options.steps or 2}, "completion_lengths": (4,), "rounds": 1, "generations": 4,
                 "regimes": ("short",)}
-    return {"steps": {"fill": 10, "short": 24}, "completion_lengths": (16, 128), "rounds": 2, "generations": 8,
-            "regimes": tuple(REGIMES)}
+    steps = {"fill": 10, "short": 24} if options.steps is None else dict.fromkeys(REGIMES, options.steps)
+    return {"steps": steps, "completion_lengths": (16, 128), "rounds": 2, "generations": 8, "regimes": tuple(REGIMES)}
 
 
 def rounds_for(s: dict[str, Any], completion_len: int) -> int:
@@ -57,23 +61,37 @@ def rounds_for(s: dict[str, Any], completion_len: int) -> int:
     return s["rounds"] if completion_len <= 32 else 1
 
 
-class _StepTimer(TrainerCallback):
-    """Records each optimisation step's wall time (generation, scoring and update: TRL's whole step)."""
+def _step_timer() -> Any:
+    """A `TrainerCallback` recording each optimisation step's wall time (generation, scoring and update: TRL's
+    whole step) and when it ended, in seconds since the process started (transformers imported here, so that
+    jaxcore's child process never pays for it)."""
+    from transformers import TrainerCallback
 
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._began = 0.0
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.ended: list[float] = []
+            self._began = 0.0
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        self._began = time.perf_counter()
+        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            self._began = time.perf_counter()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        self.times.append(time.perf_counter() - self._began)
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            self.times.append(time.perf_counter() - self._began)
+            self.ended.append(since_start())
+
+    return StepTimer()
+
+
+def since_start() -> float:
+    """Seconds since this process started (imports and loading count: a user waits for them too)."""
+    started = process_start_time()
+    return time.time() - started if started is not None else float("nan")
 
 
 def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
             ) -> dict[str, list[float]]:
-    """`steps` steps of TRL's GRPOTrainer: per-step wall times and mean rewards."""
+    """`steps` steps of TRL's GRPOTrainer: per-step wall times, mean rewards, and when each step ended."""
     import torch
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
@@ -84,12 +102,12 @@ def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations:
                      learning_rate=lr, beta=0.0, loss_type="dapo", max_steps=steps, logging_steps=1,
                      save_strategy="no", report_to=[], seed=0, bf16=False, fp16=False,
                      use_cpu=not torch.cuda.is_available(), disable_tqdm=True, dataloader_num_workers=0)
-    timer = _StepTimer()
+    timer = _step_timer()
     trainer = TRLTrainer(model=str(path), reward_funcs=[brevity], args=args,
                          train_dataset=Dataset.from_dict({"prompt": PROMPTS * steps}), callbacks=[timer])
     trainer.train()
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    return {"step_s": timer.times, "reward": rewards}
+    return {"step_s": timer.times, "reward": rewards, "step_ended_s": timer.ended, "compile_s": [0.0] * steps}
 
 
 def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path,
@@ -107,16 +125,19 @@ def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations:
     args.grpo.loss_type, args.grpo.beta = "dapo", 0.0
     args.optimizer.learning_rate = lr
     t = args.train
-    t.epochs, t.out_dir, t.eval_every, t.checkpoint_every = steps, str(out), -1, 0
+    t.epochs, t.out_dir, t.eval_every, t.checkpoint_every = steps, str(out), -1, -1
     t.progress, t.tensorboard, t.export_hf = False, False, False
     if compilation_cache is not None:
         t.compilation_cache = compilation_cache
     rows = [{"prompt": p} for p in PROMPTS]             # no held-out evaluation (eval_every=-1), as in TRL's run
     trainer = jaxcore.GRPOTrainer(model=str(path), reward_funcs=[brevity], train_dataset=rows, eval_dataset=rows,
                                   args=args)
-    trainer.train()
+    summary = trainer.train()
     rows = [row for row in read_metrics(out / "metrics.jsonl") if "step_time" in row]
     return {"step_s": [row["step_time"] for row in rows], "reward": [row["reward"] for row in rows],
+            "step_ended_s": [row.get("run_time", float("nan")) for row in rows],
+            "compile_s": [row.get("timing/compile", 0.0) for row in rows],
+            "time_to_first_step": summary.get("time_to_first_step"), "making_programs": summary.get("compile"),
             "compilation_cache": compile_cache.stats()}
 
 
@@ -139,6 +160,7 @@ def child_main(out_dir: str) -> None:
     side = spec.pop("side")
     spec["out"] = out / "run"
     got = trl_run(**spec) if side == "trl" else jax_run(**spec)
+    got["wall_s"] = since_start()                   # the whole run, from the process's start
     got["host_malloc"] = host_allocator.policy()
     (out / "result.json").write_text(json.dumps(got))
 
@@ -155,14 +177,13 @@ def run(options: BenchOptions) -> dict[str, Any]:
     s = settings(options)
     results: dict[str, Any] = {"trl.settings": {**s, "prompts": PROMPTS, "model": str(path)}}
     host_malloc: dict[str, str] = {}
+    curves: dict[str, dict[str, list[list[float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for length in s["completion_lengths"]:
             for regime in s["regimes"]:
                 lr, key = REGIMES[regime], f"trl.{regime}_{length}"
-                sides: dict[str, dict[str, list[float]]] = {"trl": {"step_s": [], "reward": []},
-                                                            "jax": {"step_s": [], "reward": []}}
+                runs: dict[str, list[dict[str, Any]]] = {"trl": [], "jax": []}
                 rounds = rounds_for(s, length)
-                caches: list[dict[str, Any]] = []
                 for round_ in range(rounds):
                     for side in ("trl", "jax"):
                         print(f"{key}: {side} round {round_ + 1}/{rounds}", flush=True)
@@ -172,18 +193,64 @@ def run(options: BenchOptions) -> dict[str, Any]:
                             spec["compilation_cache"] = options.compilation_cache
                         got = run_in_child(side, spec)
                         host_malloc[side] = got["host_malloc"]
-                        sides[side]["step_s"] += got["step_s"][1:]          # the first step compiles / warms up
-                        sides[side]["reward"] += got["reward"]
-                        if side == "jax":       # per run: cache dir (None: off), warm (entries before), hits, misses
-                            caches.append(got["compilation_cache"])
-                trl_s, jax_s = (statistics.median(sides[side]["step_s"]) for side in ("trl", "jax"))
-                results[f"{key}.trl_step_over_jax"] = round(trl_s / jax_s, 3)
-                results[f"{key}.trl_median_step_s"] = round(trl_s, 4)
-                results[f"{key}.jax_median_step_s"] = round(jax_s, 4)
-                results[f"{key}.jax_compilation_cache"] = caches
-                for side in ("trl", "jax"):
-                    results[f"{key}.{side}_reward"] = sides[side]["reward"]
-                    results[f"{key}.{side}_step_s"] = sides[side]["step_s"]
+                        runs[side].append(got)
+                results.update(regime_results(key, runs))
+                curves[key] = {side: [[got["step_ended_s"], got["reward"]] for got in runs[side]] for side in runs}
+    results["trl.reward_vs_time_png"] = plot_reward_vs_time(curves, Path(options.workdir) / "trl_reward_vs_time.png")
     results["trl.host_malloc"] = host_malloc
     results["trl.device"] = device_info()
     return results
+
+
+def regime_results(key: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One regime's figures from both sides' runs: the median step (each run's first step, which compiles and warms
+    up, left out), the whole runs' wall times and their ratio, jaxcore's share of its wall time spent making
+    programs, and every run's steps, rewards and reward-against-time curve."""
+    def steps(side: str) -> list[float]:
+        return [t for got in runs[side] for t in got["step_s"][1:]]
+
+    trl_s, jax_s = (statistics.median(steps(side)) for side in ("trl", "jax"))
+    wall = {side: statistics.median(got["wall_s"] for got in runs[side]) for side in runs}
+    out: dict[str, Any] = {
+        f"{key}.trl_step_over_jax": round(trl_s / jax_s, 3), f"{key}.trl_median_step_s": round(trl_s, 4),
+        f"{key}.jax_median_step_s": round(jax_s, 4),
+        f"{key}.trl_wall_s": round(wall["trl"], 2), f"{key}.jax_wall_s": round(wall["jax"], 2),
+        f"{key}.jax_over_trl_wall": round(wall["jax"] / wall["trl"], 3),
+        f"{key}.jax_compile_share": round(statistics.median(
+            got["making_programs"]["main_s"] / got["wall_s"] for got in runs["jax"]), 3),
+        f"{key}.jax_time_to_first_step_s": [round(got["time_to_first_step"], 2) for got in runs["jax"]],
+        f"{key}.jax_making_programs": [got["making_programs"] for got in runs["jax"]],
+        f"{key}.jax_compilation_cache": [got["compilation_cache"] for got in runs["jax"]]}
+    for side in ("trl", "jax"):
+        out[f"{key}.{side}_reward"] = [r for got in runs[side] for r in got["reward"]]
+        out[f"{key}.{side}_step_s"] = steps(side)
+        out[f"{key}.{side}_run_wall_s"] = [round(got["wall_s"], 2) for got in runs[side]]
+        out[f"{key}.{side}_reward_time"] = [[[round(t, 2) for t in got["step_ended_s"]], got["reward"]]
+                                           for got in runs[side]]
+    return out
+
+
+def plot_reward_vs_time(curves: dict[str, dict[str, list[list[list[float]]]]], png: Path) -> str | None:
+    """Each regime's reward against seconds since the process started, both sides, every run; the PNG's path
+    (None when matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
+    for ax, (key, sides) in zip(axes[0], curves.items()):
+        for side, color in (("trl", "tab:orange"), ("jax", "tab:blue")):
+            for i, (times, rewards) in enumerate(sides[side]):
+                ax.plot(times, rewards, marker=".", color=color, alpha=0.8,
+                        label=("TRL" if side == "trl" else "jaxcore") if i == 0 else None)
+        ax.set(title=key.removeprefix("trl."), xlabel="seconds since the process started", ylabel="mean reward")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return str(png)

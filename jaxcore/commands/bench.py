@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute dtype (default: bfloat16 when JAX's backend is a GPU, float32 on CPU)")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes (for tests)")
     parser.add_argument("--workdir", default="runs/bench", help="where bench models are written")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="the trl suite: N steps per run in every regime (default: 10 filling, 24 short); "
+                             "e.g. 12 for whole-run wall times")
     parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
                         help="the trl suite's jaxcore runs keep compiled programs in DIR, or off (default "
                              "~/.cache/jaxcore/xla; JAXCORE_COMPILATION_CACHE overrides it); the JSON says whether "
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         # Like torch's default (no TF32 in matmuls): fp32 means fp32 on both sides of every ratio.
         jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
-                           workdir=args.workdir, compilation_cache=args.compilation_cache)
+                           workdir=args.workdir, compilation_cache=args.compilation_cache, steps=args.steps)
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:

@@ -46,7 +46,10 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
         cfg.train.compilation_cache = args.compilation_cache
     summary = trainer_type(args=cfg).train(resume=args.resume, allow_changes=args.resume_allow_changes)
     if summary["stopped_by"]:
-        if summary["checkpoint"] is None:
+        if summary["checkpoint"] is None and cfg.train.checkpoint_every < 0:
+            print(f"stopped by {summary['stopped_by']} after epoch {summary['last_epoch']}: no checkpoint kept "
+                  "(train.checkpoint_every -1)")
+        elif summary["checkpoint"] is None:
             print(f"stopped by {summary['stopped_by']} before the first epoch finished: no checkpoint; start the "
                   "run again")
         else:

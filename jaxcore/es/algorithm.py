@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import jax
@@ -30,6 +31,7 @@ from jaxcore.runtime.algorithm import Algorithm, StepResult
 from jaxcore.runtime.memory import MemoryPlan, largest_population
 from jaxcore.runtime.optim import make_optimizer
 from jaxcore.runtime.plan_check import hf_config_at
+from jaxcore.runtime.programs import PhaseClock
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 
 log = logging.getLogger(__name__)
@@ -172,23 +174,30 @@ class EggrollAlgorithm(Algorithm):
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
         es = self.cfg.es
         n, p, g = es.population, len(examples), self.cfg.rollout.generations_per_prompt
-        population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch, out_sharding=self.rows)
+        clock, began = PhaseClock(), time.perf_counter()
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
         episode_metrics: dict[str, Any] = {}
-        if self.agent is None:
-            ids, mask, row_examples = self.rollout_rows(examples)
-            result = sample(population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
-                            pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows, logprobs=False)
-            scores = score_rows(result, row_examples, self.tokenizer, scorer)
-        else:       # every row (member-major) an episode with its own environment instance: members share none
-            row_examples = [e for e in examples for _ in range(g)] * n
-            episodes = run_episodes(self.agent, population, self.tokenizer, row_examples, self.cfg.rollout, key=key,
-                                    eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
-                                    row_sharding=self.rows)
-            result, self.prompts_truncated = episodes.result, episodes.prompts_truncated
-            scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards,
-                                environments=episodes.instances)
-            episode_metrics = episodes.metrics()
+        with clock.phase("rollout"):
+            population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch,
+                                            out_sharding=self.rows)
+            if self.agent is None:
+                ids, mask, row_examples = self.rollout_rows(examples)
+                result = jax.block_until_ready(sample(
+                    population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows, logprobs=False))
+            else:   # every row (member-major) an episode with its own environment instance: members share none
+                row_examples = [e for e in examples for _ in range(g)] * n
+                episodes = run_episodes(self.agent, population, self.tokenizer, row_examples, self.cfg.rollout,
+                                        key=key, eos_token_ids=self.eos_token_ids,
+                                        pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows)
+                result, self.prompts_truncated = episodes.result, episodes.prompts_truncated
+                episode_metrics = episodes.metrics()
+        with clock.phase("scoring"):
+            if self.agent is None:
+                scores = score_rows(result, row_examples, self.tokenizer, scorer)
+            else:
+                scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards,
+                                    environments=episodes.instances)
         rewards = scores.rewards_B.reshape(n, p, g)
         fitness_N = member_fitness(rewards, es.shaping)
         metrics: dict[str, Any] = {
@@ -201,9 +210,10 @@ class EggrollAlgorithm(Algorithm):
             **episode_metrics,
         }
         if not np.isfinite(fitness_N).all():
-            return StepResult(metrics, skipped=True, reason="non-finite fitness")
+            return StepResult({**metrics, **clock.metrics()}, skipped=True, reason="non-finite fitness")
         shaping = "none" if es.shaping == "group_zscore" else es.shaping    # group shaping already applied
-        self.opt_state, update = eggroll.es_step(self.model, self.plan, self.optimizer, self.opt_state, epoch,
-                                                 fitness_N, shaping, donate_params=True)
-        metrics["grad_norm"] = update["grad_norm"]
+        with clock.phase("update"):
+            self.opt_state, update = eggroll.es_step(self.model, self.plan, self.optimizer, self.opt_state, epoch,
+                                                     fitness_N, shaping, donate_params=True)
+        metrics.update(clock.metrics(), grad_norm=update["grad_norm"], step_time=time.perf_counter() - began)
         return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "")

@@ -7,6 +7,7 @@ The train step that uses it lives in `jaxcore.grpo.step`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,6 +85,12 @@ def compute_advantages(rewards_B: Array, group_size: int, scale: str = "group") 
     rewards_B = jnp.asarray(rewards_B, jnp.float32)
     if rewards_B.ndim != 1 or rewards_B.shape[0] % group_size:
         raise ValueError(f"rewards of shape {rewards_B.shape} do not split into groups of {group_size}")
+    return _advantages(rewards_B, group_size, scale)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _advantages(rewards_B: Array, group_size: int, scale: str) -> Array:
+    """`compute_advantages` as one program (rather than a dozen, each compiled on its first use)."""
     rewards_NG = rewards_B.reshape(-1, group_size)
     advantages_B = (rewards_NG - _nanmean(rewards_NG, 1)).reshape(-1)
     if scale != "none":
@@ -95,13 +102,21 @@ def reward_metrics(per_function: Mapping[str, Any], rewards_B: Array, group_size
                    ) -> dict[str, float]:
     """TRL's reward logs: `reward`, `reward_std`, `rewards/<name>/mean|std` (NaN-aware), and
     `frac_reward_zero_std` (share of rows whose advantage denominator std is ~0)."""
-    rewards_B = jnp.asarray(rewards_B, jnp.float32)
+    names = list(per_function)
+    values = {name: jnp.asarray(per_function[name], jnp.float32) for name in names}
+    stats = jax.device_get(_reward_stats(values, jnp.asarray(rewards_B, jnp.float32), group_size, scale))
     out = {}
-    for name, values in per_function.items():
-        values_B = jnp.asarray(values, jnp.float32)
-        out[f"rewards/{name}/mean"] = float(_nanmean(values_B, None)[0])
-        out[f"rewards/{name}/std"] = float(_nanstd(values_B, None)[0])
-    out["reward"] = float(_nanmean(rewards_B, None)[0])
-    out["reward_std"] = float(_nanstd(rewards_B, None)[0])
-    out["frac_reward_zero_std"] = float(jnp.isclose(reward_std(rewards_B, group_size, scale), 0.0).mean())
+    for name in names:
+        out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = (float(x) for x in stats[name])
+    out["reward"], out["reward_std"], out["frac_reward_zero_std"] = (float(x) for x in stats[""])
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _reward_stats(values: dict[str, Array], rewards_B: Array, group_size: int, scale: str) -> dict[str, Array]:
+    """`reward_metrics`' numbers as one program: per function (mean, std), and under "" the combined reward's
+    (mean, std, share of zero-std rows)."""
+    out = {name: jnp.stack([_nanmean(v, None)[0], _nanstd(v, None)[0]]) for name, v in values.items()}
+    out[""] = jnp.stack([_nanmean(rewards_B, None)[0], _nanstd(rewards_B, None)[0],
+                         jnp.isclose(reward_std(rewards_B, group_size, scale), 0.0).mean()])
     return out

@@ -13,6 +13,7 @@ uses), else the learner's temperature-scaled forward at rollout time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ import numpy as np
 
 from jaxcore.agents import Episodes, run_episodes
 from jaxcore.grpo.advantages import compute_advantages, reward_metrics
+from jaxcore.grpo.buckets import completion_buckets, completion_width, likely_first, prompt_width
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.learner import GRPOLearner, finite
 from jaxcore.grpo.memory import plan_job
@@ -33,29 +35,13 @@ from jaxcore.parallel import meshes, rows, sharding
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.algorithm import Algorithm, StepResult
 from jaxcore.runtime.memory import MemoryPlan, largest_multiple
+from jaxcore.runtime.programs import AheadOfTime, PhaseClock
 from jaxcore.runtime.rollout import RowScores, encode_rollout_prompts, sample, score_rows
 
 log = logging.getLogger(__name__)
 
 STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
                 "clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean", "policy_loss")
-
-
-def completion_width(lengths_B: np.ndarray, max_new_tokens: int) -> int:
-    """The completion columns a train step sees: the longest completion rounded up to a power of two (1, 2, 4,
-    8, 16, ...; at most `max_new_tokens`), so a run compiles one step per bucket, not one per length. Buckets of
-    1 and 2 serve collapsed completions: a step over 12 prompt columns trains 13 columns, not 16."""
-    bucket = 1 << max(int(np.max(lengths_B, initial=1)) - 1, 0).bit_length()
-    return min(bucket, max_new_tokens)
-
-
-def prompt_width(mask_BP: np.ndarray) -> int:
-    """The prompt columns a train step sees: the longest real prompt rounded up to a multiple of a quarter of
-    the next power of two, at least 4 (widths 4, 8, 12, 16, 24, 32, 48, 64, 96, ...: two per doubling above
-    16), so the left padding the step pays for stays small and a run compiles a handful of prompt widths."""
-    longest = int(np.max(np.asarray(mask_BP).sum(-1), initial=1))
-    step = max(4, (1 << max(longest - 1, 0).bit_length()) // 4)
-    return -(-longest // step) * step
 
 
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:
@@ -131,6 +117,12 @@ class GRPOAlgorithm(Algorithm):
         self.rows = meshes.leading_axis(self.mesh, self.learner.batch_axes)
         self.eval_sharding = meshes.replicated(self.mesh)
         self.num_tokens = 0      # TRL's running count of prompt + completion tokens (skipped rollouts too)
+        self.ahead = AheadOfTime()                  # train-step programs, made beside the rollouts
+        self.last_width: int | None = None          # the last rollout's completion width
+
+    def close(self) -> None:
+        """Stop making programs ahead (the one being made finishes)."""
+        self.ahead.close()
 
     @property
     def model(self) -> Any:
@@ -223,24 +215,47 @@ class GRPOAlgorithm(Algorithm):
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
         return batch
 
+    # -- programs made ahead of time --------------------------------------------------------------
+
+    def plan_programs(self, rows: int, prompt_columns: int, max_completion: int) -> None:
+        """Queue, on the background thread, the programs that training on a rollout of `rows` completions after
+        `prompt_columns` prompt columns can need: one per completion bucket (`jaxcore.grpo.buckets`), the most likely
+        first (the last rollout's width, then its neighbours). Each is queued once per run."""
+        last = self.last_width or completion_width(np.array([max_completion]), max_completion)
+        for width in likely_first(completion_buckets(max_completion), last):
+            key = (rows, prompt_columns, width)
+            self.ahead.submit(key, functools.partial(self.learner.make_programs, *key,
+                                                     rollout_logprobs=self.cfg.old_logp_source == "rollout"))
+
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
+        clock = PhaseClock()
         began = time.perf_counter()
         g, scale = self.cfg.rollout.generations_per_prompt, self.cfg.grpo.scale_rewards
         row_examples = [e for e in examples for _ in range(g)]
         episodes = None
-        if self.agent is None:
-            ids, mask = self.encode(examples)
-            result = jax.block_until_ready(self.rollout(epoch, ids, mask))   # the timing names generation's cost
-        else:
-            episodes = self.episodes(epoch, row_examples)
-            ids, mask, result = episodes.prompt_ids_BT, episodes.prompt_mask_BT, episodes.result
-        rolled = time.perf_counter()
-        scores = self.score(result, row_examples, scorer, episodes)
-        rewards_B = scores.rewards_B
-        advantages_B = np.asarray(compute_advantages(rewards_B, g, scale))
-        batch = self.make_batch(ids, mask, result, advantages_B, None if episodes is None else episodes.model_mask_BE)
-        scored = time.perf_counter()
-        steps = self.learner.train_on_rollout(batch)   # host floats; stops at the first non-finite step
+        with clock.phase("rollout"):
+            if self.agent is None:
+                ids, mask = self.encode(examples)
+                self.plan_programs(len(row_examples), min(prompt_width(mask), ids.shape[1]),
+                                   self.cfg.rollout.max_new_tokens)
+                result = jax.block_until_ready(self.rollout(epoch, ids, mask))   # the timing names generation's cost
+            else:
+                episodes = self.episodes(epoch, row_examples)
+                ids, mask, result = episodes.prompt_ids_BT, episodes.prompt_mask_BT, episodes.result
+        with clock.phase("scoring"):
+            scores = self.score(result, row_examples, scorer, episodes)
+            rewards_B = scores.rewards_B
+            advantages_B = np.asarray(compute_advantages(rewards_B, g, scale))
+            batch = self.make_batch(ids, mask, result, advantages_B,
+                                    None if episodes is None else episodes.model_mask_BE)
+        key = (batch.input_ids_BT.shape[0], batch.completion_start + 1,
+               batch.input_ids_BT.shape[1] - batch.completion_start - 1)
+        if episodes is not None:         # a multi-turn rollout's widths are known only now: its other buckets beside
+            self.plan_programs(*key[:2], result.tokens.shape[1])        # the steps to come
+        self.last_width = key[2]
+        with clock.phase("update"):
+            clock.wait(self.ahead, key)                   # the program being made beside the rollout, if it is
+            steps = self.learner.train_on_rollout(batch)   # host floats; stops at the first non-finite step
         ended = time.perf_counter()
 
         rollout = rollout_metrics(batch)
@@ -249,8 +264,7 @@ class GRPOAlgorithm(Algorithm):
             **reward_metrics(scores.per_function, rewards_B, g, scale), **rollout, **mean_step_metrics(steps),
             **{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
             "num_tokens": self.num_tokens, "prompts/truncated": self.prompts_truncated,
-            "timing/rollout": rolled - began, "timing/scoring": scored - rolled,
-            "timing/update": ended - scored, "step_time": ended - began,      # the three parts add up to the step
+            **clock.metrics(), "step_time": ended - began,      # rollout, scoring, update and compile add up to it
             **(episodes.metrics() if episodes is not None else {})}
         if not finite(steps[-1]):
             applied = f"; the {len(steps) - 1} before it were applied" if len(steps) > 1 else ""

@@ -260,6 +260,41 @@ class GRPOLearner:
             batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask, s))
         return batch
 
+    def make_programs(self, rows: int, prompt_width: int, completion_width: int, rollout_logprobs: bool) -> None:
+        """Trace, lower and compile (or load from the persistent cache) every program that training on a rollout of
+        `rows` completions of this shape runs (the scoring forwards of `prepare`, and the optimiser step), so that
+        training on one makes none. Reads only shapes and shardings: safe on a background thread while the train
+        state is in use. With several optimiser steps per rollout only the forwards are made (their split batches'
+        layout is the step's first call's)."""
+        p, c = prompt_width, completion_width
+        ones = np.ones((rows, p + c), np.int32)
+        batch = GRPOBatch(ones, ones, ones[:, 1:], np.zeros(rows, np.float32), np.zeros(rows, bool),
+                          completion_start=p - 1)
+        if rollout_logprobs:
+            batch = batch.replace(old_logp_BL=np.zeros((rows, p + c - 1), np.float32))
+        batch = self.shard(batch)
+        ids, mask = batch.input_ids_BT, batch.attention_mask_BT
+        params, frozen = _abstract(self.state.params), _abstract(self.frozen)
+
+        def score(*args: Any) -> jax.ShapeDtypeStruct:
+            lowered = self._score.lower(*args)
+            compiled = lowered.compile()
+            return jax.ShapeDtypeStruct(lowered.out_info.shape, lowered.out_info.dtype,
+                                        sharding=compiled.output_shardings if self.mesh is not None else None)
+
+        if self.cfg.old_logp_source != "none" and batch.old_logp_BL is None:
+            batch = batch.replace(old_logp_BL=score(None, params, None, ids, mask, p - 1, frozen))
+        if self.ref is not None:
+            graphdef, ref_params, rest = self.ref
+            batch = batch.replace(ref_logp_BL=score(graphdef, _abstract(ref_params), rest, ids, mask, p - 1))
+        if self.cfg.grpo.steps_per_rollout != 1:
+            return
+        self.step_batches(batch)            # its normaliser's small programs too
+        key = (jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+               if self.cfg.grpo.lora is not None and self.cfg.grpo.lora.dropout > 0 else None)
+        num_items = jax.ShapeDtypeStruct((), jnp.float32)
+        self._step.lower(_abstract(self.state), frozen, _abstract(batch), num_items, key).compile()
+
     def step_batches(self, batch: GRPOBatch) -> tuple[list[GRPOBatch], jax.Array]:
         """A prepared rollout's optimiser-step batches (step k: rows k, k + K, ...) and their dapo
         normaliser (TRL: the rollout's loss tokens / K)."""
@@ -308,6 +343,16 @@ class GRPOLearner:
                 if not finite(steps[-1]):
                     return steps
         return steps
+
+
+def _abstract(tree: Any) -> Any:
+    """Shapes, dtypes and (for arrays committed to a placement) shardings of `tree`'s arrays, as a jitted call
+    that took them would see them; other leaves as they are."""
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct) or not hasattr(x, "shape"):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if getattr(x, "committed", False) else None)
+    return jax.tree.map(one, tree)
 
 
 def finite(step: dict[str, float]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -82,17 +83,35 @@ def _check_json_object(file: Path) -> None:
     read_json_object(file)
 
 
-def load_tokenizer(path: str | os.PathLike) -> Any:
-    """`AutoTokenizer` from a local directory, left-padding, with a pad token."""
-    from transformers import AutoTokenizer
+# tokenizer_config.json classes that are `tokenizers`' own fast tokenizer with no model-specific code: loaded as that
+# class directly, AutoTokenizer's choice for them, without resolving a model config (which imports torch: ~2 s).
+PLAIN_FAST_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """`AutoTokenizer` from a local directory, left-padding, with a pad token. Loaded once per process while its
+    files stay unchanged (a run's planning and its training share it)."""
+    files = tuple(Path(path) / name for name in (*TOKENIZER_JSON, "tokenizer.model"))
+    stamp = tuple((f.stat().st_mtime_ns, f.stat().st_size) if f.is_file() else None for f in files)
+    return _load_tokenizer(str(path), str(Path(path).absolute()), stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str, _absolute: str, _stamp: tuple[Any, ...]) -> Any:
     if not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    for name in TOKENIZER_JSON:
+    for name in TOKENIZER_JSON[1:]:        # the small ones first; tokenizer.json (megabytes) only if loading fails
         _check_json_object(Path(path) / name)
+    config = Path(path) / "tokenizer_config.json"
+    plain = config.is_file() and read_json_object(config).get("tokenizer_class") in PLAIN_FAST_TOKENIZERS
+    if plain and (Path(path) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast as AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:   # tokenizers' Rust errors are plain Exceptions; the files are the user's input
+        _check_json_object(Path(path) / TOKENIZER_JSON[0])           # a malformed tokenizer.json, named
         files = " / ".join(name for name in TOKENIZER_JSON if (Path(path) / name).is_file())
         message = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
         raise CheckpointError(f"{path}: cannot load the tokenizer from {files or 'its files'} ({message})") from err

@@ -7,7 +7,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 
@@ -48,13 +47,13 @@ def write_params(model: nnx.Module, params: Mapping[str, Any]) -> None:
 
 
 @jax.jit
-def _moments(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    return {path: jnp.stack([jnp.abs(x.astype(jnp.float32)).sum(), jnp.square(x.astype(jnp.float32)).sum()])
-            for path, x in flat.items()}
+def _moments(x: jax.Array) -> jax.Array:
+    return jnp.stack([jnp.abs(x.astype(jnp.float32)).sum(), jnp.square(x.astype(jnp.float32)).sum()])
 
 
 def weight_moments(model: nnx.Module) -> dict[str, list[float]]:
     """{path: [sum |w|, sum w^2]} of every parameter: a fingerprint of the weights that tells another model of
-    the same shapes apart (reduced on device, wherever the parameters live; every process gets it)."""
-    return {path: [float(v) for v in np.asarray(values)]
-            for path, values in _moments({k: jnp.asarray(v) for k, v in flat_state(model).items()}).items()}
+    the same shapes apart (reduced on device, wherever the parameters live; every process gets it). One small
+    program per parameter shape, not one program over all of them (which took a second to make at 135M)."""
+    moments = {k: _moments(jnp.asarray(v)) for k, v in flat_state(model).items()}
+    return {path: [float(v) for v in values] for path, values in jax.device_get(moments).items()}

@@ -97,6 +97,12 @@ def matmul_rows(x_NI: Array, w_IO: Any) -> Array:
     return (rows_RI @ w_IO).reshape(*x_NI.shape[:-1], -1)
 
 
+def _normal(rngs: nnx.Rngs | None, shape: tuple[int, ...], dtype: Any) -> Array:
+    """The random init N(0, 0.02^2); zeros without `rngs` (a model built only for its shapes skips tracing the
+    random draws: `abstract_model`)."""
+    return jnp.zeros(shape, dtype) if rngs is None else jax.random.normal(rngs.params(), shape, dtype) * 0.02
+
+
 def _param(value: Array) -> nnx.Param:
     return nnx.Param(value)
 
@@ -108,9 +114,8 @@ def _value(variable: nnx.Variable | None) -> Any:
 class Linear(nnx.Module):
     """y = x @ kernel (+ bias); kernel stored [in, out] in the parameter dtype."""
 
-    def __init__(self, d_in: int, d_out: int, bias: bool, *, rngs: nnx.Rngs, param_dtype: Any):
-        init = jax.random.normal(rngs.params(), (d_in, d_out), param_dtype) * 0.02
-        self.kernel = _param(init)
+    def __init__(self, d_in: int, d_out: int, bias: bool, *, rngs: nnx.Rngs | None, param_dtype: Any):
+        self.kernel = _param(_normal(rngs, (d_in, d_out), param_dtype))
         self.bias = _param(jnp.zeros((d_out,), param_dtype)) if bias else None
 
     def __call__(self, x: Array) -> Array:
@@ -152,7 +157,7 @@ def _activation(name: str, x: Array) -> Array:
 class MLP(nnx.Module):
     """Gated (SwiGLU: down(silu(gate x) * up x)) or plain (down(gelu(up x))) feed-forward."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None, param_dtype: Any):
         d, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.activation = config.activation
         self.gate = Linear(d, f, bias, rngs=rngs, param_dtype=param_dtype) if config.gated_mlp else None
@@ -172,7 +177,7 @@ class Attention(nnx.Module):
     """Multi-head attention with GQA, optional q/k RMSNorm (Qwen3, Gemma), RoPE, and a KV cache. The layer's
     rotary tables and sliding window come from the caller (the rope and the mask it passes)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None, param_dtype: Any):
         d, e = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, e
         self.scale = config.attention_scale
@@ -214,7 +219,7 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); with sandwich norms (Gemma)
     x + post_norm(attn(norm(x))), then x + post_norm(mlp(norm(x)))."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None, param_dtype: Any):
         norm = (lambda: Norm(config.hidden_size, config.norm_type, config.norm_eps,
                              param_dtype=param_dtype))
         self.attn_norm = norm()
@@ -246,8 +251,8 @@ class Block(nnx.Module):
 class Embedding(nnx.Module):
     """Token (or position) table [V, D]; `attend` is the tied LM head."""
 
-    def __init__(self, num: int, dim: int, *, rngs: nnx.Rngs, param_dtype: Any):
-        self.table = _param(jax.random.normal(rngs.params(), (num, dim), param_dtype) * 0.02)
+    def __init__(self, num: int, dim: int, *, rngs: nnx.Rngs | None, param_dtype: Any):
+        self.table = _param(_normal(rngs, (num, dim), param_dtype))
 
     def __call__(self, ids: Array, dtype: Any) -> Array:
         return _value(self.table)[ids].astype(dtype)
@@ -314,7 +319,7 @@ class Transformer(nnx.Module):
     `scan_layers=True` stores the blocks as a `LayerStack` (training: one traced block whatever the depth);
     the KV-cache forward needs the per-layer list (`jaxcore.model.layer_stack.unrolled`)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None, dtype: Any = jnp.float32,
                  param_dtype: Any = jnp.float32, remat: bool = False, scan_layers: bool = False):
         self.config = config
         self.dtype = jnp.dtype(dtype)
@@ -486,6 +491,13 @@ def create_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: 
 
 def abstract_model(config: ModelConfig, *, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
                    remat: bool = False) -> Transformer:
-    """The model with shape-only parameters, to be filled by a checkpoint loader."""
-    return nnx.eval_shape(lambda: create_model(config, dtype=dtype, param_dtype=param_dtype,
-                                               remat=remat))
+    """The model with shape-only parameters, to be filled by a checkpoint loader: new variables on every call,
+    the shapes worked out once per process and configuration (a run's memory plan and its loader share them)."""
+    graphdef, state = _abstract_parts(config, jnp.dtype(dtype).name, jnp.dtype(param_dtype).name, remat)
+    return nnx.merge(graphdef, state, copy=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_parts(config: ModelConfig, dtype: str, param_dtype: str, remat: bool) -> tuple[Any, Any]:
+    return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=None, dtype=dtype, param_dtype=param_dtype,
+                                                        remat=remat)))

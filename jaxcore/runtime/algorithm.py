@@ -78,6 +78,11 @@ class Algorithm(abc.ABC):
         """The model held-out evaluation generates with."""
         return self.model
 
+    def close(self) -> None:
+        """Release what the algorithm runs beside training (e.g. a thread making programs ahead of time); the runner
+        calls it once the run ends, however it ends."""
+        return None
+
     def export_model(self) -> Any:
         """The model `save_hf` writes to out_dir/final_hf."""
         return self.model

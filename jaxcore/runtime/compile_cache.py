@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from jaxcore.runtime.programs import ledger
+
 log = logging.getLogger(__name__)
 
 DEFAULT_DIR = "~/.cache/jaxcore/xla"
 ENV = "JAXCORE_COMPILATION_CACHE"
+MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"      # a user's own setting wins
 OFF = ("off", "none", "false", "0", "")
-_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
-_state: dict[str, Any] = {"dir": None, "entries_before": 0, "hits": 0, "misses": 0, "listening": False}
+_state: dict[str, Any] = {"dir": None, "entries_before": 0, "since": 0.0}
 
 
 def resolve(setting: str | None) -> str | None:
@@ -38,11 +41,6 @@ def resolve(setting: str | None) -> str | None:
     if chosen == DEFAULT_DIR and jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
     return str(Path(chosen).expanduser())
-
-
-def _count(event: str, **_: Any) -> None:
-    if event in _EVENTS and _state["dir"] is not None:
-        _state[_EVENTS[event]] += 1
 
 
 def entries(directory: str | None) -> int:
@@ -60,10 +58,12 @@ def enable(setting: str | None) -> str | None:
 
         jax.config.update("jax_compilation_cache_dir", directory)
         compilation_cache.reset_cache()       # JAX decides once per process whether to use a cache: decide again
-    if not _state["listening"]:
-        jax.monitoring.register_event_listener(_count)
-        _state["listening"] = True
-    _state.update(dir=directory, entries_before=entries(directory), hits=0, misses=0)
+    if directory and MIN_COMPILE_TIME_ENV not in os.environ:
+        # JAX keeps only programs that took a second to compile; a run's dozens of small ones then cost it
+        # again in every process. Every program is kept (a later run of the same config compiles nothing).
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    ledger()                                  # counts the cache's hits and misses from here on
+    _state.update(dir=directory, entries_before=entries(directory), since=time.time())
     if directory:
         log.info("compilation cache %s (%d entries)", directory, _state["entries_before"])
     return directory
@@ -72,8 +72,9 @@ def enable(setting: str | None) -> str | None:
 def stats() -> dict[str, Any]:
     """The cache in use since `enable`: its directory (None: off), the entries it held then (`warm`: any), and the
     compilations since loaded from it (hits) or written to it (misses)."""
+    made = ledger().totals(since=_state["since"]) if _state["dir"] else None
     return {"dir": _state["dir"], "entries_before": _state["entries_before"], "warm": _state["entries_before"] > 0,
-            "hits": _state["hits"], "misses": _state["misses"]}
+            "hits": made.hits if made else 0, "misses": made.misses if made else 0}
 
 
 def log_stats() -> None:

@@ -95,7 +95,7 @@ class TrainConfig(Checked):
     eval_every: Annotated[int, Ge(-1)] = 5  # held-out evaluation every N epochs; 0 = only after the last, -1 = never
     eval_prompts: Annotated[int, Ge(1)] = 64
     eval_batch_size: Annotated[int, Ge(1)] = 256
-    checkpoint_every: Annotated[int, Ge(0)] = 5  # 0 = only at the end / on SIGTERM
+    checkpoint_every: Annotated[int, Ge(-1)] = 5  # 0 = only at the end / on SIGTERM; -1 = never (TRL: "no")
     max_to_keep: Annotated[int, Ge(1)] = 3
     max_bad_steps: Annotated[int, Ge(1)] = 3  # consecutive NaN/Inf steps before stopping
     export_hf: bool = True              # write out_dir/final_hf at the end

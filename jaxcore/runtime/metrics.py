@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -92,12 +93,31 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [record for _, record in _records(Path(path))]
 
 
-def plot_rewards(metrics_path: str | Path, png_path: str | Path, title: str = "reward") -> Path:
-    """Train and held-out reward against the step, as a PNG."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def import_plotting_beside() -> threading.Thread:
+    """Import matplotlib on a background thread (most of a reward plot's second, done while the run's programs
+    run and the interpreter lock is free), so that the plot at the end of a run does not wait for it."""
+    def load() -> None:
+        try:
+            _pyplot()
+        except Exception:  # noqa: BLE001 -- plot_rewards imports it again and reports any error itself
+            pass
+    thread = threading.Thread(target=load, name="jaxcore-import-matplotlib", daemon=True)
+    thread.start()
+    return thread
+
+
+def plot_rewards(metrics_path: str | Path, png_path: str | Path, title: str = "reward") -> Path:
+    """Train and held-out reward against the step, as a PNG."""
+    plt = _pyplot()
 
     records = read_metrics(metrics_path)
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,9 +49,10 @@ from jaxcore.runtime import compile_cache
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.config import RolloutConfig
-from jaxcore.runtime.metrics import MetricsLogger, plot_rewards, read_metrics
+from jaxcore.runtime.metrics import MetricsLogger, import_plotting_beside, plot_rewards, read_metrics
 from jaxcore.runtime.optim import check_learning_rate
 from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens
+from jaxcore.runtime.programs import ledger, process_start_time
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
 
@@ -209,12 +211,15 @@ class Runner:
         its checkpoint exists: written now (waited for) unless a periodic save wrote it. A fresh run stopped before
         its first epoch finished has none."""
         self.checkpointer.wait()
-        if epoch >= 0 and epoch not in self.checkpointer.all_steps():
+        saves = self.cfg.train.checkpoint_every >= 0          # -1: the run keeps no checkpoint, not even now
+        if saves and epoch >= 0 and epoch not in self.checkpointer.all_steps():
             self._save(epoch, wait=True)
         summary["stopped_by"] = signal.Signals(signum).name
-        summary["checkpoint"] = str(self.checkpointer.directory / str(epoch)) if epoch >= 0 else None
+        summary["checkpoint"] = str(self.checkpointer.directory / str(epoch)) if epoch >= 0 and saves else None
         log.warning("stopped by %s after epoch %d; %s", summary["stopped_by"], epoch,
-                    "resume with --resume" if epoch >= 0 else "no epoch finished, nothing to resume")
+                    "resume with --resume" if summary["checkpoint"] else
+                    "no checkpoint kept (train.checkpoint_every -1)" if not saves else
+                    "no epoch finished, nothing to resume")
 
     def _resume(self, allow_changes: bool = False) -> int:
         """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
@@ -244,6 +249,8 @@ class Runner:
         except BaseException:
             self._close_quietly()           # pending saves finish, so the last good checkpoint is committed
             raise
+        finally:
+            self.algorithm.close()
 
     def _last_good(self) -> str:
         """Where the last good checkpoint is, named only if one was written (pending saves are waited for)."""
@@ -265,6 +272,9 @@ class Runner:
         logger = MetricsLogger(self.out_dir if self.is_main else self.out_dir / f"process{jax.process_index()}",
                                tensorboard=t.tensorboard and self.is_main, resume_after=start if resume else None)
         summary: dict[str, Any] = {"start_epoch": start, "stopped_by": None}
+        process_started = process_start_time()      # time_to_first_step counts start-up and loading too
+        if self.is_main and start < t.epochs:
+            import_plotting_beside()                 # for the reward plot at the end
         bad_steps = 0
         bar = tqdm(range(start, t.epochs), initial=start, total=t.epochs, desc="train", unit="epoch",
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
@@ -290,6 +300,9 @@ class Runner:
                     epoch -= 1
                     break
                 metrics = {**result.metrics, "epoch_time": time.perf_counter() - began, "skipped": result.skipped}
+                if process_started is not None:             # seconds since the process started, load included
+                    metrics["run_time"] = time.time() - process_started
+                    summary.setdefault("time_to_first_step", metrics["run_time"])
                 if result.skipped:
                     bad_steps += 1
                     log.warning("epoch %d skipped (%s); %d bad step(s) in a row", epoch, result.reason, bad_steps)
@@ -312,8 +325,8 @@ class Runner:
                 metrics.pop("eval/samples", None)
                 logger.log(epoch + 1, metrics)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
-                periodic = t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0
-                if (periodic or last) and not result.skipped and not stop.received:
+                periodic = t.checkpoint_every > 0 and (epoch + 1) % t.checkpoint_every == 0
+                if (periodic or last) and t.checkpoint_every >= 0 and not result.skipped and not stop.received:
                     self._save(epoch)
                 if stop.received:
                     break
@@ -323,6 +336,7 @@ class Runner:
         bar.close()
         self.checkpointer.close()
         logger.close()
+        summary["compile"] = making_programs(process_started)
         before, after = self._evals_before_and_after(logger.path)
         summary["eval_reward_before"] = summary.get("eval_reward_before", before)   # a resumed run: from its log
         summary["eval_reward_after"] = after
@@ -336,6 +350,15 @@ class Runner:
         evals = [(r["step"], r["eval/reward"]) for r in read_metrics(metrics_path) if "eval/reward" in r]
         before = next((reward for step, reward in evals if step == 0), None)
         return before, (evals[-1][1] if evals else None)
+
+
+def making_programs(since: float | None) -> dict[str, Any]:
+    """The run's making of programs since `since` (process start; None: since the ledger listened): the seconds
+    on the main thread (what the run waited for) and beside it, per stage, the programs and the cache's hits."""
+    main = ledger().totals(since or 0.0, thread=threading.main_thread().ident)
+    ahead = ledger().totals(since or 0.0, exclude_thread=threading.main_thread().ident)
+    return {"main_s": round(main.seconds, 3), "ahead_s": round(ahead.seconds, 3),
+            **main.metrics(prefix=""), "ahead_programs": ahead.programs, "ahead_hits": ahead.hits}
 
 
 def fresh_run_over_checkpoints(directory: Path) -> TrainingError:
