@@ -123,6 +123,7 @@ class GRPOLearner:
         self.state = TrainState(step0, params, opt_state)
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh is not None else None
         self.state_shardings = state_shardings
+        self.abstract_state = _abstract(self.state)     # what every step sees (the thread making programs reads it)
         step = make_train_step(self.build, cfg, self.optimizer, self.micro_sharding)
         self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
         self._score = jax.jit(self._score_fn, static_argnums=(0, 5))       # graphdef, start
@@ -190,6 +191,7 @@ class GRPOLearner:
                 state = jax.device_put(state, self.state_shardings)
                 ref = None if ref is None else jax.device_put(ref, jax.tree.map(lambda x: x.sharding, self.ref[1]))
         self.state = state
+        self.abstract_state = _abstract(state)
         if ref is not None:
             graphdef, _, rest = self.ref
             self.ref = graphdef, ref, rest
@@ -274,7 +276,7 @@ class GRPOLearner:
             batch = batch.replace(old_logp_BL=np.zeros((rows, p + c - 1), np.float32))
         batch = self.shard(batch)
         ids, mask = batch.input_ids_BT, batch.attention_mask_BT
-        params, frozen = _abstract(self.state.params), _abstract(self.frozen)
+        params, frozen = self.abstract_state.params, _abstract(self.frozen)
 
         def score(*args: Any) -> jax.ShapeDtypeStruct:
             lowered = self._score.lower(*args)
@@ -289,11 +291,13 @@ class GRPOLearner:
             batch = batch.replace(ref_logp_BL=score(graphdef, _abstract(ref_params), rest, ids, mask, p - 1))
         if self.cfg.grpo.steps_per_rollout != 1:
             return
-        self.step_batches(batch)            # its normaliser's small programs too
-        key = (jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-               if self.cfg.grpo.lora is not None and self.cfg.grpo.lora.dropout > 0 else None)
-        num_items = jax.ShapeDtypeStruct((), jnp.float32)
-        self._step.lower(_abstract(self.state), frozen, _abstract(batch), num_items, key).compile()
+        _, num_items = self.step_batches(batch)          # as a real rollout's: its small programs, its placement
+        step = self.abstract_state.step
+        key = None
+        if self._uses_dropout():          # a key's small programs, on a step counter placed like the real one
+            zero = jnp.zeros(step.shape, step.dtype)
+            key = _abstract(self.dropout_key(zero if step.sharding is None else jax.device_put(zero, step.sharding)))
+        self._step.lower(self.abstract_state, frozen, _abstract(batch), _abstract(num_items), key).compile()
 
     def step_batches(self, batch: GRPOBatch) -> tuple[list[GRPOBatch], jax.Array]:
         """A prepared rollout's optimiser-step batches (step k: rows k, k + K, ...) and their dapo
@@ -309,14 +313,21 @@ class GRPOLearner:
         """One optimiser step on a prepared batch; returns host metrics."""
         if num_items is None:
             num_items = loss_mask(batch, self.cfg.grpo.mask_truncated_completions).sum().astype(jnp.float32)
-        lora_cfg = self.cfg.grpo.lora
-        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed + 1), self.state.step) \
-            if lora_cfg is not None and lora_cfg.dropout > 0 else None
+        key = self.dropout_key()
         before = int(self.state.step) if self.syncs_ref() else None   # read before the step donates it
         self.state, metrics = self._step(self.state, self.frozen, batch, num_items, key)
         if before is not None:
             self.maybe_sync_ref(before)
         return {k: float(v) for k, v in metrics.items()}
+
+    def dropout_key(self, step: jax.Array | None = None) -> jax.Array | None:
+        """The LoRA dropout key of the optimiser step `step` (default: the next one); None without dropout."""
+        if not self._uses_dropout():
+            return None
+        return jax.random.fold_in(jax.random.key(self.cfg.train.seed + 1), self.state.step if step is None else step)
+
+    def _uses_dropout(self) -> bool:
+        return self.cfg.grpo.lora is not None and self.cfg.grpo.lora.dropout > 0
 
     def syncs_ref(self) -> bool:
         return self.cfg.grpo.sync_ref_model and self.ref is not None

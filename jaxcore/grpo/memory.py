@@ -41,14 +41,24 @@ GRPO_ADVICE = {
 
 CPU_ACTIVATIONS_ADVICE = ("raise grpo.steps_per_generation / grpo.gradient_accumulation_steps (smaller "
                           "micro-batches) or lower rollout.max_new_tokens (rollout.max_episode_tokens with tools) or "
-                          "the prompt length (model.remat saves no memory on CPU)")
+                          "the prompt length (model.remat saves no memory on CPU with model.scan_layers=false)")
 
 
-def remat_saves() -> bool:
-    """Whether model.remat lowers the train step's memory on this backend. Not on CPU: XLA:CPU schedules each
+def remat_saves(scan: bool = True) -> bool:
+    """Whether model.remat lowers the train step's memory on this backend. With the layers scanned, everywhere (a
+    layer's recomputation can only run inside the scan's backward). Unscanned, not on CPU: XLA:CPU schedules each
     block's recomputation with the forward, so its temp bytes are those without remat (measured: SmolLM2-135M,
     16 rows of 624 tokens, 34.4 GB with remat, 36.3 GB without)."""
-    return jax.default_backend() != "cpu"
+    return scan or jax.default_backend() != "cpu"
+
+
+def saved_per_token_scanned(cfg: ModelConfig, seq: int, c: int) -> float:
+    """Bytes a scanned layer keeps for the backward per token of a `seq`-token row: its input, and the outputs of its
+    GEMMs only (the scan's checkpoint policy recomputes the rest): q/k/v, the fp32 attention scores over `seq` keys
+    and the fp32 attention output, the output projection, gate/up and down."""
+    d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    h, k = cfg.num_heads, cfg.num_kv_heads
+    return c * (h * e + 2 * k * e + 3 * d + 2 * f) + 4 * h * (seq + e)
 
 
 def saved_per_token(cfg: ModelConfig, seq: int, c: int) -> float:
@@ -75,12 +85,12 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
               lora_rank: int | None = None, lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
               lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
               accumulation: int = 1, scoring: bool = False, device_memory: float | None = None,
-              cache_tokens: int | None = None) -> MemoryPlan:
+              cache_tokens: int | None = None, scan: bool = True) -> MemoryPlan:
     """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `max_new_tokens` is the
     completion's length (a multi-turn episode's: `RolloutConfig.completion_tokens`), `cache_tokens` the KV-cache
     slots after the prompt (default: as many); `micro_batches` is TRL's steps_per_generation (each
     forward/backward sees rows / micro_batches); `scoring`: a forward over the whole rollout for old or
-    reference log-probs."""
+    reference log-probs; `scan`: the train step scans the layers (`model.scan_layers`)."""
     shapes = param_shapes(cfg)
     c = itemsize(compute_dtype, "model.dtype")
     base_bytes = itemsize(lora_base_dtype, "grpo.lora.base_dtype") if lora_rank and lora_base_dtype else 4
@@ -100,10 +110,19 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
     seq = t_prompt + max_new_tokens
     rows = math.ceil(prompts * generations / (devices * micro_batches))
     per_token = saved_per_token(cfg, seq, c)
-    if remat and remat_saves():     # only each block's input is kept; one block is recomputed at a time
+    if remat and scan:      # each layer's input is kept; the layer recomputed in the backward holds its GEMMs'
+        # outputs and, as measured on XLA:CPU, about half of its elementwise intermediates
+        recomputed = (saved_per_token_scanned(cfg, seq, c) + per_token) / 2
+        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + recomputed)
+    elif remat and remat_saves(scan):   # only each block's input is kept; one block is recomputed at a time
         saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + per_token)
+    elif scan:      # the scanned layers keep their GEMMs' outputs; the last layer, apart, at the completion positions
+        saved = rows * (seq * (cfg.num_layers - 1) * saved_per_token_scanned(cfg, seq, c) + max_new_tokens * per_token)
     else:       # the last layer keeps its query-side arrays at the completion positions only (nothing reads others)
         saved = rows * (seq * (cfg.num_layers - 1) + max_new_tokens) * per_token
+    if scan:        # the scan's stacks of per-layer trainable weights: their gradients, and the slices it keeps
+        block_params = cfg.num_layers * sum(math.prod(s) for p, s in shapes.items() if p.startswith("blocks.0."))
+        saved += 2 * (adapters if lora_rank else 4 * block_params)
     # the LM head runs only at the completion positions: fp32 logits, their exponential and their gradient
     logits = 3 * rows * max_new_tokens * cfg.vocab_size * 4
     score_rows = gen_rows if scoring else 0
@@ -117,7 +136,7 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
                                     + score_rows * seq * per_token}
     phases = {"generation": ("kv cache", "generation activations"), "training": ("gradients", "activations"),
               "scoring": ("scoring activations",)}
-    advice = {**GRPO_ADVICE, **({} if remat_saves() else {"activations": CPU_ACTIVATIONS_ADVICE})}
+    advice = {**GRPO_ADVICE, **({} if remat_saves(scan) else {"activations": CPU_ACTIVATIONS_ADVICE})}
     return MemoryPlan(terms, devices, 1, device_memory, 0, phases, "grpo", f"data={devices // fsdp} fsdp={fsdp}",
                       advice)
 
@@ -137,4 +156,5 @@ def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, devi
                      lora_targets=tuple(lora.target_modules) if lora else (),
                      lora_base_dtype=lora.base_dtype if lora else None, remat=grpo_cfg.model.remat,
                      micro_batches=g.generation_steps, accumulation=g.gradient_accumulation_steps,
-                     scoring=g.beta != 0.0 or grpo_cfg.old_logp_source == "forward", device_memory=device_memory)
+                     scoring=g.beta != 0.0 or grpo_cfg.old_logp_source == "forward", device_memory=device_memory,
+                     scan=grpo_cfg.model.scan_layers)

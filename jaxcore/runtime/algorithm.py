@@ -78,6 +78,12 @@ class Algorithm(abc.ABC):
         """The model held-out evaluation generates with."""
         return self.model
 
+    def prepare(self, upcoming: list[list[Any]]) -> None:
+        """Make, beside the current work, the programs the epochs to come will need: `upcoming` holds their
+        examples (what `train_step` will get), in order. Called before the first epoch with the first few
+        epochs' examples, then before each epoch with the next one's. Nothing by default."""
+        return None
+
     def close(self) -> None:
         """Release what the algorithm runs beside training (e.g. a thread making programs ahead of time); the runner
         calls it once the run ends, however it ends."""

@@ -150,6 +150,7 @@ class PhaseClock:
     whether or not it met a new shape."""
 
     def __init__(self) -> None:
+        ledger()                                            # listening from here on
         self.began = time.time()
         self.seconds: dict[str, float] = {}
         self.compile_s = 0.0
@@ -246,6 +247,13 @@ class AheadOfTime:
         if make is not None:
             self._run(key, make)
         done.wait()
+
+    def drain(self) -> None:
+        """Return once every job submitted so far is done (the thread makes them; nothing is taken over)."""
+        with self._lock:
+            events = list(self._done.values())
+        for done in events:
+            done.wait()
 
     def _work(self) -> None:
         while True:

@@ -59,6 +59,7 @@ from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 0          # the held-out examples are drawn with this seed, whatever train.seed is
+LOOKAHEAD = 8          # epochs whose examples the algorithm sees ahead, to make their programs beside earlier work
 
 
 class StopSignal:
@@ -194,6 +195,7 @@ class Runner:
             eval_prompts = available                      # a dataset's whole eval split
             log.info("evaluating on all %d eval examples of %s", eval_prompts, task.name)
         self.eval_examples = self.task.examples("eval", eval_prompts, EVAL_SEED)   # the same for every train.seed
+        self._drawn: dict[int, list[Example]] = {}
 
     def _scorer(self) -> Scorer:
         r = self.cfg.rewards
@@ -220,6 +222,13 @@ class Runner:
                     "resume with --resume" if summary["checkpoint"] else
                     "no checkpoint kept (train.checkpoint_every -1)" if not saves else
                     "no epoch finished, nothing to resume")
+
+    def _examples(self, epoch: int) -> list[Example]:
+        """Epoch `epoch`'s training examples (drawn once, whether first for the lookahead or for the epoch)."""
+        if epoch not in self._drawn:
+            self._drawn[epoch] = self.task.examples("train", self.examples_per_epoch,
+                                                    epoch_seed(self.cfg.train.seed, epoch))
+        return self._drawn[epoch]
 
     def _resume(self, allow_changes: bool = False) -> int:
         """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
@@ -280,6 +289,8 @@ class Runner:
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
         with self._scorer() as scorer, StopSignal(on_signal=scorer.interrupt) as stop:
             epoch = start - 1
+            # the first epochs' programs are made beside the evaluation before training and the first rollout
+            self.algorithm.prepare([self._examples(e) for e in range(start, min(start + LOOKAHEAD, t.epochs))])
             if start == 0 and t.eval_every > 0:
                 try:
                     first = self._evaluate(scorer)
@@ -291,7 +302,10 @@ class Runner:
                 if stop.received:                       # the signal came before the first epoch began
                     epoch -= 1
                     break
-                examples = self.task.examples("train", self.examples_per_epoch, epoch_seed(t.seed, epoch))
+                examples = self._examples(epoch)
+                del self._drawn[epoch]
+                if epoch + LOOKAHEAD < t.epochs:
+                    self.algorithm.prepare([self._examples(epoch + LOOKAHEAD)])
                 began = time.perf_counter()
                 try:
                     result = self.algorithm.train_step(epoch, examples, scorer)

@@ -156,8 +156,9 @@ def test_fsdp_axis_shards_parameters_and_trains(warm):
     with Scorer(task.reward_fns, task.reward_weights) as scorer:
         result = algorithm.train_step(0, examples_for(cfg), scorer)
     assert not result.skipped and np.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
-    m = result.metrics       # the timings split the step exactly (each part blocks on its own results)
-    assert m["timing/rollout"] + m["timing/scoring"] + m["timing/update"] == pytest.approx(m["step_time"], rel=1e-12)
+    m = result.metrics       # the timings split the step (each part blocks on its own results; compile apart)
+    parts = m["timing/rollout"] + m["timing/scoring"] + m["timing/update"] + m["timing/compile"]
+    assert parts == pytest.approx(m["step_time"], rel=1e-3) and m["timing/compile"] > 0
 
 
 # --------------------------------------------------------------------------- reference model, NaNs, bad input

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,11 +25,13 @@ import numpy as np
 import pytest
 
 from jaxcore.cli import main
-from jaxcore.grpo.algorithm import GRPOAlgorithm, completion_width
+from jaxcore.grpo.algorithm import GRPOAlgorithm
+from jaxcore.grpo.buckets import completion_buckets, completion_width
 from jaxcore.inference.generate import GenerationResult
 from jaxcore.runtime import compile_cache
 from jaxcore.runtime import metrics as metrics_module
 from jaxcore.runtime import runner as runner_module
+from jaxcore.runtime.programs import ledger
 from tests.cli_runs import es_args, grpo_args
 from tests.compile_log import COMPILED, jax_compile_log
 
@@ -102,15 +105,18 @@ def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, mo
     assert log.saves == EPOCHS and log.after_first_save() == []
 
 
-def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path, monkeypatch):
+def test_a_grpo_run_makes_its_train_step_programs_beside_its_first_rollout(tiny_dir, tmp_path, monkeypatch):
     """Five GRPO epochs whose longest completions are 3, 5, 2, 9 and 4 tokens (max_new_tokens 16; a tiny random
-    model rarely samples EOS, so each epoch's sampled completions are cut to that length, as an EOS would): an
-    epoch compiles only when its batch falls in a (prompt width, completion width) bucket no earlier epoch used
-    (completion widths 4, 8, 2, 16, 4; prompt widths from `prompt_width`), then a few programs for it, and an
-    epoch in a known bucket compiles nothing."""
+    model rarely samples EOS, so each epoch's sampled completions are cut to that length, as an EOS would), with
+    prompts of several widths: the train-step programs of every (prompt width, completion bucket) the epochs can
+    meet are queued before the first rollout (the runner shows the algorithm the epochs to come) and made on the
+    background thread: at most the planned number, each once, and none of them, nor any scoring forward, is made
+    in a later epoch (the first epoch waits for the queue here, so that the count does not depend on the
+    machine's speed). On the code before, each new bucket compiled its step when first met, in its epoch."""
     max_new, longest = 16, (3, 5, 2, 9, 4)
-    sample, make_batch = GRPOAlgorithm.rollout, GRPOAlgorithm.make_batch
+    sample, make_batch, train_step = GRPOAlgorithm.rollout, GRPOAlgorithm.make_batch, GRPOAlgorithm.train_step
     shapes: list[tuple[int, int]] = []       # (prompt columns, completion columns) of each epoch's train step
+    ends: list[float] = []
 
     def make_batch_seen(self, *args, **kwargs):
         batch = make_batch(self, *args, **kwargs)
@@ -126,27 +132,30 @@ def test_a_grpo_run_compiles_only_for_new_completion_buckets(tiny_dir, tmp_path,
                                 jnp.where(kept_BN, result.logprobs, 0.0), lengths_B,
                                 result.finished | (result.lengths > lengths_B))
 
+    def train_step_then_drain(self, epoch, examples, scorer):
+        result = train_step(self, epoch, examples, scorer)
+        if epoch == 0:
+            self.ahead.drain()
+        ends.append(time.time())
+        return result
+
     monkeypatch.setattr(GRPOAlgorithm, "rollout", rollout_cut)
     monkeypatch.setattr(GRPOAlgorithm, "make_batch", make_batch_seen)
-    with compile_log(monkeypatch) as log:
-        code = main(["grpo", *grpo_args(tiny_dir("llama"), tmp_path / "grpo", f"train.epochs={EPOCHS}",
-                                        f"rollout.max_new_tokens={max_new}", "rollout.temperature=1.0",
-                                        "train.eval_every=-1", "train.checkpoint_every=1")])
-    assert code == 0
-    assert len(log.logged) == EPOCHS
-    assert [int(m["completions/max_length"]) for m in log.logged] == list(longest)
+    monkeypatch.setattr(GRPOAlgorithm, "train_step", train_step_then_drain)
+    began = time.time()
+    code = main(["grpo", *grpo_args(tiny_dir("llama"), tmp_path / "grpo", f"train.epochs={EPOCHS}",
+                                    f"rollout.max_new_tokens={max_new}", "rollout.temperature=1.0",
+                                    "train.eval_every=-1", "train.checkpoint_every=1", "grpo.beta=0.04")])
+    assert code == 0 and len(ends) == EPOCHS
     widths = [completion_width(np.array([n]), max_new) for n in longest]
     assert widths == [4, 8, 2, 16, 4] == [c for _, c in shapes]
-    assert any(shapes[e] in shapes[:e] for e in range(1, EPOCHS)), shapes     # a known bucket is exercised
-    assert [name for epoch, name in log.events if epoch == 0], "the first epoch compiled nothing: not counting?"
-    for epoch in range(1, EPOCHS):
-        compiled = [name for e, name in log.events if e == epoch]
-        if shapes[epoch] not in shapes[:epoch]:
-            # the train step and the forwards over the new widths; never generation or scoring again
-            assert 1 <= len(compiled) <= 3, (epoch, shapes, compiled)
-        else:
-            assert compiled == [], (epoch, shapes, compiled)
-    assert log.saves == EPOCHS and log.after_first_save() == []
+    prompts = {p for p, _ in shapes}
+    spans = [s for s in ledger().spans if s.start >= began and s.stage == "compile"]
+    steps = [s for s in spans if s.name == "jit(step)"]
+    assert steps and all(s.end <= ends[0] for s in steps), "a train step was made after the first epoch"
+    assert len(steps) <= len(prompts) * len(completion_buckets(max_new)), (len(steps), prompts)
+    later = [s.name for s in spans if s.start > ends[0] and s.name in ("jit(step)", "jit(_score_fn)")]
+    assert later == []
 
 
 CACHE_LINE = re.compile(r"compilation cache (\S+): (\d+) programs loaded, (\d+) written")
