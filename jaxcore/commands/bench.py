@@ -6,6 +6,7 @@ examples:
   jaxcore bench --suite es --quick                                 # small shapes, fast
   jaxcore bench --suite trl --preset smollm2-135m-instruct         # vs TRL's GRPOTrainer (after make smollm2)
   jaxcore bench --suite qiu --preset smollm2-135m-instruct         # vs Qiu et al.'s full-rank ES loop
+  jaxcore bench --suite compile --preset smollm2-135m              # making programs against depth (8/16/32 layers)
 
 Every generate/ES/GRPO figure carries a roofline entry (bytes, FLOPs, fraction_of_limit) against the
 bandwidth and matmul peaks measured in the same run (`peaks` in the JSON). The JSON is rewritten
@@ -14,14 +15,15 @@ after every suite, so a run that dies part-way keeps the suites it finished.
 suites: generate (jaxcore vs HF generate), es (EGGROLL vs plain inference / naive ES, memory),
 grpo (one optimisation step, torch vs jaxcore), rft (datagen throughput, jax engine vs HF),
 trl (whole GRPO steps of TRL's own GRPOTrainer vs jaxcore.GRPOTrainer; needs `pip install 'jaxcore[trl]'`),
-qiu (ES iterations of Qiu et al.'s full-rank ES loop in torch vs jaxcore's EGGROLL).
+qiu (ES iterations of Qiu et al.'s full-rank ES loop in torch vs jaxcore's EGGROLL),
+compile (seconds to trace, lower and compile the GRPO step, generation and an ES epoch at 8, 16 and 32 layers).
 """
 
 from __future__ import annotations
 
 import argparse
 
-SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu")
+SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "compile")
 DEFAULT_SUITES = ("generate", "es", "grpo", "rft")
 
 

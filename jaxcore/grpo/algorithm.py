@@ -35,7 +35,7 @@ from jaxcore.parallel import meshes, rows, sharding
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.algorithm import Algorithm, StepResult
 from jaxcore.runtime.memory import MemoryPlan, largest_multiple
-from jaxcore.runtime.programs import AheadOfTime, PhaseClock
+from jaxcore.runtime.programs import AheadOfTime, PhaseClock, spare_host_cores
 from jaxcore.runtime.rollout import RowScores, encode_rollout_prompts, sample, score_rows
 
 log = logging.getLogger(__name__)
@@ -239,9 +239,12 @@ class GRPOAlgorithm(Algorithm):
     def plan_programs(self, rows: int, prompt_columns: int, max_completion: int) -> None:
         """Queue, on the background thread, the programs that training on a rollout of `rows` completions after
         `prompt_columns` prompt columns can need: one per completion bucket (`jaxcore.grpo.buckets`), the most likely
-        first (the last rollout's width, then its neighbours). Each is queued once per run."""
+        first (the last rollout's width, then its neighbours), each once per run. Where the thread would take
+        cores from the steps it overlaps (the CPU backend on a small host: `spare_host_cores`), only the most
+        likely one; the others are made when first met."""
         last = self.last_width or completion_width(np.array([max_completion]), max_completion)
-        for width in likely_first(completion_buckets(max_completion), last):
+        widths = likely_first(completion_buckets(max_completion), last)
+        for width in widths if spare_host_cores() else widths[:1]:
             key = (rows, prompt_columns, width)
             self.ahead.submit(key, functools.partial(self.learner.make_programs, *key,
                                                      rollout_logprobs=self.cfg.old_logp_source == "rollout"))
