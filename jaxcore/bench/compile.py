@@ -49,6 +49,7 @@ def measure(preset: str, layers: int, s: dict[str, int]) -> dict[str, Any]:
     from jaxcore.runtime.programs import ledger
 
     jax.config.update("jax_compilation_cache_dir", None)
+    ledger()                                    # listening before the first program is made
     hf = {**preset_config(preset), "num_hidden_layers": layers}
     config = config_from_hf(hf)
     rows, prompt, new_tokens = s["rows"], s["prompt"], s["new_tokens"]
@@ -90,12 +91,12 @@ def child_main(spec_path: str) -> None:
     Path(spec_path).with_suffix(".out.json").write_text(json.dumps(got))
 
 
-def run(options: BenchOptions) -> dict[str, Any]:
+def run(options: BenchOptions, depths: tuple[int, ...] = DEPTHS) -> dict[str, Any]:
     s = shapes(options)
     preset = "tiny" if options.quick else options.preset
-    results: dict[str, Any] = {"compile.settings": {"preset": preset, "depths": DEPTHS, **s}}
+    results: dict[str, Any] = {"compile.settings": {"preset": preset, "depths": depths, **s}}
     with tempfile.TemporaryDirectory() as tmp:
-        for layers in DEPTHS:
+        for layers in depths:
             spec = Path(tmp) / f"L{layers}.json"
             spec.write_text(json.dumps({"preset": preset, "layers": layers, "shapes": s}))
             env = {**os.environ, "JAXCORE_COMPILATION_CACHE": "off"}
@@ -107,7 +108,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 results[f"compile.{program}.L{layers}"] = {k: round(v, 3) if isinstance(v, float) else v
                                                            for k, v in totals.items() if k != "hits"}
     for program in PROGRAMS:
-        first, last = (results[f"compile.{program}.L{d}"]["seconds"] for d in (DEPTHS[0], DEPTHS[-1]))
-        results[f"compile.{program}.{DEPTHS[-1]}_over_{DEPTHS[0]}"] = round(last / first, 3)
+        first, last = (results[f"compile.{program}.L{d}"]["seconds"] for d in (depths[0], depths[-1]))
+        results[f"compile.{program}.{depths[-1]}_over_{depths[0]}"] = round(last / first, 3)
     results["compile.device"] = device_info()
     return results
