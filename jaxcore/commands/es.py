@@ -56,6 +56,9 @@ def run_config_job(args: argparse.Namespace, trainer_type: type) -> int:
             print(f"stopped by {summary['stopped_by']} after epoch {summary['last_epoch']}: checkpoint "
                   f"{summary['checkpoint']}; continue with --resume")
         return 128 + signal.Signals[summary["stopped_by"]].value      # 143 for SIGTERM, 130 for SIGINT
+    first_step = summary.get("time_to_first_step")
+    timing = "" if first_step is None else (f"; first step {first_step:.1f} s after start, "
+                                            f"{summary['compile']['main_s']:.1f} s making programs")
     print(f"done: held-out reward {summary.get('eval_reward_before')} -> {summary.get('eval_reward_after')}"
-          f" ({cfg.train.out_dir})")
+          f" ({cfg.train.out_dir}{timing})")
     return 0

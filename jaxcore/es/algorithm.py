@@ -175,9 +175,9 @@ class EggrollAlgorithm(Algorithm):
         es = self.cfg.es
         n, p, g = es.population, len(examples), self.cfg.rollout.generations_per_prompt
         clock, began = PhaseClock(), time.perf_counter()
-        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
         episode_metrics: dict[str, Any] = {}
         with clock.phase("rollout"):
+            key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
             population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch,
                                             out_sharding=self.rows)
             if self.agent is None:
@@ -198,8 +198,8 @@ class EggrollAlgorithm(Algorithm):
             else:
                 scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards,
                                     environments=episodes.instances)
-        rewards = scores.rewards_B.reshape(n, p, g)
-        fitness_N = member_fitness(rewards, es.shaping)
+            rewards = scores.rewards_B.reshape(n, p, g)
+            fitness_N = member_fitness(rewards, es.shaping)
         metrics: dict[str, Any] = {
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_max": float(rewards.max()),
             "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(scores.lengths_B)),

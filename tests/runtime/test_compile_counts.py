@@ -94,8 +94,10 @@ def compile_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[_CompileLog]:
         yield log
 
 
-def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, monkeypatch):
-    """Five ES epochs, each with new prompts and noise: every program is compiled in the first."""
+def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, monkeypatch, capsys):
+    """Five ES epochs, each with new prompts and noise: every program is compiled in the first. Each epoch's
+    metrics split its time into rollout, scoring, update and making programs (all of it in the first epoch), and
+    the last line says when the first step ended and how long the run waited for programs."""
     with compile_log(monkeypatch) as log:
         code = main(["es", *es_args(tiny_dir("llama"), tmp_path / "es", f"train.epochs={EPOCHS}",
                                     "train.eval_every=-1", "train.checkpoint_every=1")])
@@ -104,6 +106,12 @@ def test_an_es_run_compiles_nothing_after_its_first_epoch(tiny_dir, tmp_path, mo
     assert [name for epoch, name in log.events if epoch == 0], "the first epoch compiled nothing: not counting?"
     assert log.after_first_epoch() == []
     assert log.saves == EPOCHS and log.after_first_save() == []
+    for epoch, m in enumerate(log.logged):
+        parts = m["timing/rollout"] + m["timing/scoring"] + m["timing/update"] + m["timing/compile"]
+        assert parts == pytest.approx(m["step_time"], rel=1e-3, abs=1e-3)
+        assert (m["timing/compile"] > 0 and m["compile/programs"] > 0) if epoch == 0 else m["compile/programs"] == 0
+    assert 0 < log.logged[0]["run_time"] < log.logged[-1]["run_time"]
+    assert re.search(r"first step \d+\.\d s after start, \d+\.\d s making programs\)$", capsys.readouterr().out.strip())
 
 
 def test_a_grpo_run_makes_its_train_step_programs_beside_its_first_rollout(tiny_dir, tmp_path, monkeypatch):
