@@ -20,19 +20,16 @@ seconds since its process started (`..._reward_time`, drawn in `trl_reward_vs_ti
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from jaxcore.bench import BenchOptions, bench_checkpoint, device_info
+from jaxcore.bench.child import run_in_child, since_start
+from jaxcore.bench.curves import plot_reward_vs_time
 from jaxcore.runtime import host_allocator
-from jaxcore.runtime.programs import process_start_time
 
 PROMPTS = ["Explain in detail how a bicycle works.", "Describe a busy city street in the morning."]   # long answers
 REGIMES = {"fill": 1e-6, "short": 3e-5}
@@ -81,12 +78,6 @@ def _step_timer() -> Any:
             self.ended.append(since_start())
 
     return StepTimer()
-
-
-def since_start() -> float:
-    """Seconds since this process started (imports and loading count: a user waits for them too)."""
-    started = process_start_time()
-    return time.time() - started if started is not None else float("nan")
 
 
 def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
@@ -141,28 +132,13 @@ def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations:
             "compilation_cache": compile_cache.stats()}
 
 
-def run_in_child(side: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """One side's run (`trl_run` or `jax_run` with `spec` as keyword arguments) in a fresh Python process, TRL's
-    with glibc's own allocator; its result, plus `host_malloc`: the allocator policy the run had."""
-    env = {**os.environ, **({host_allocator.ENV: "system"} if side == "trl" else {})}
-    out = Path(spec["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(json.dumps({"side": side, **spec}))
-    subprocess.run([sys.executable, "-c", "import sys; from jaxcore.bench import trl; trl.child_main(sys.argv[1])",
-                    str(out)], env=env, check=True)
-    return json.loads((out / "result.json").read_text())
-
-
-def child_main(out_dir: str) -> None:
-    """The child process of `run_in_child`: reads `spec.json` in `out_dir`, writes `result.json` there."""
-    out = Path(out_dir)
-    spec = json.loads((out / "spec.json").read_text())
-    side = spec.pop("side")
-    spec["out"] = out / "run"
-    got = trl_run(**spec) if side == "trl" else jax_run(**spec)
-    got["wall_s"] = since_start()                   # the whole run, from the process's start
-    got["host_malloc"] = host_allocator.policy()
-    (out / "result.json").write_text(json.dumps(got))
+def run_side(side: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """One side's run (`trl_run` or `jax_run` with `spec`) in a fresh process (`jaxcore.bench.child`), TRL's with
+    glibc's own allocator."""
+    env = {host_allocator.ENV: "system"} if side == "trl" else {}
+    spec = dict(spec)
+    out = Path(spec.pop("out"))
+    return run_in_child(f"jaxcore.bench.trl:{side}_run", spec, out, env)
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
@@ -191,12 +167,13 @@ def run(options: BenchOptions) -> dict[str, Any]:
                                 "generations": s["generations"], "out": str(Path(tmp) / f"{key}-{side}-{round_}")}
                         if side == "jax":
                             spec["compilation_cache"] = options.compilation_cache
-                        got = run_in_child(side, spec)
+                        got = run_side(side, spec)
                         host_malloc[side] = got["host_malloc"]
                         runs[side].append(got)
                 results.update(regime_results(key, runs))
                 curves[key] = {side: [[got["step_ended_s"], got["reward"]] for got in runs[side]] for side in runs}
-    results["trl.reward_vs_time_png"] = plot_reward_vs_time(curves, Path(options.workdir) / "trl_reward_vs_time.png")
+    results["trl.reward_vs_time_png"] = plot_reward_vs_time(curves, Path(options.workdir) / "trl_reward_vs_time.png",
+                                                           {"trl": "TRL", "jax": "jaxcore"}, title_prefix="trl.")
     results["trl.host_malloc"] = host_malloc
     results["trl.device"] = device_info()
     return results
@@ -228,29 +205,3 @@ def regime_results(key: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str,
         out[f"{key}.{side}_reward_time"] = [[[round(t, 2) for t in got["step_ended_s"]], got["reward"]]
                                            for got in runs[side]]
     return out
-
-
-def plot_reward_vs_time(curves: dict[str, dict[str, list[list[list[float]]]]], png: Path) -> str | None:
-    """Each regime's reward against seconds since the process started, both sides, every run; the PNG's path
-    (None when matplotlib is missing)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
-    for ax, (key, sides) in zip(axes[0], curves.items()):
-        for side, color in (("trl", "tab:orange"), ("jax", "tab:blue")):
-            for i, (times, rewards) in enumerate(sides[side]):
-                ax.plot(times, rewards, marker=".", color=color, alpha=0.8,
-                        label=("TRL" if side == "trl" else "jaxcore") if i == 0 else None)
-        ax.set(title=key.removeprefix("trl."), xlabel="seconds since the process started", ylabel="mean reward")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return str(png)

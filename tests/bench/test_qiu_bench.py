@@ -27,6 +27,17 @@ def test_quick_bench_reports_times_and_rewards(tmp_path):
     step = math.lcm(2, jax.device_count())
     assert out["qiu.shape"]["population"] == -(-4 // step) * step and out["qiu.shape"]["new_tokens"] == 4
     assert out["qiu.model"]["layers"] == 2 and out["qiu.device"]["device"].startswith("cpu")
+    # what a user waits for: jaxcore's same job as a whole run in a fresh process, against Qiu's load + iterations
+    assert out["qiu.jax_whole_run_s"] > out["qiu.jax_time_to_first_step_s"] > 0
+    assert out["qiu.whole_run_s"] > out["qiu.load_s"] > 0
+    assert out["qiu.jax_over_qiu_whole_run"] == pytest.approx(out["qiu.jax_whole_run_s"] / out["qiu.whole_run_s"],
+                                                              rel=0.01)
+    for key in ("qiu.reward_time", "qiu.jax_reward_time"):
+        times, rewards = out[key]
+        assert len(times) == len(rewards) == 1 and times[0] > 0 and math.isfinite(rewards[0])
+    assert out["qiu.jax_making_programs"]["programs"] > 0
+    png = tmp_path / "qiu_reward_vs_time.png"
+    assert out["qiu.reward_vs_time_png"] == str(png) and png.stat().st_size > 0
 
 
 def _eps(shape: torch.Size, seed: int) -> torch.Tensor:
