@@ -467,7 +467,7 @@ def _env_rewards(agent: Agent, instances: list[Any], abandoned: np.ndarray
             ok, value, _ = call_in_thread(inst.get_reward, {}, agent.timeout_s)
             try:
                 values[r] = float(value) if ok else np.nan
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):      # OverflowError: an int too large for a float
                 ok = False
             failed += not ok or not np.isfinite(values[r])
             if not ok or not np.isfinite(values[r]):

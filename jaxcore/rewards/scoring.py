@@ -52,19 +52,37 @@ class ScoreResult:
 
 
 def to_values(output: Any, n: int) -> np.ndarray:
-    """A reward function's output as float64 [n] (None -> NaN); ValueError if malformed."""
-    if isinstance(output, (str, bytes)) or not hasattr(output, "__len__"):
-        raise ValueError(f"returned {type(output).__name__}, not a list of {n} values")
-    if len(output) != n:
-        raise ValueError(f"returned {len(output)} values for {n} samples")
+    """A reward function's output as float64 [n] (None -> NaN); ValueError saying what is wrong with it otherwise
+    (the one guard on what user code returns: a dict, a 0-d array, a string, a wrong count, a bad value)."""
+    if isinstance(output, (str, bytes, Mapping)):
+        raise ValueError(f"returned a {type(output).__name__}, not a list of {n} values")
+    try:
+        count = len(output)
+    except TypeError:                       # no __len__, or a 0-d numpy array / torch tensor
+        raise ValueError(f"returned a {type(output).__name__} with no length (a scalar?), not a list of {n} "
+                         "values") from None
+    if count != n:
+        raise ValueError(f"returned {count} values for {n} samples")
     values = np.full(n, np.nan)
     for i, value in enumerate(output):
-        if value is None:
-            continue
-        if not isinstance(value, numbers.Real) or math.isinf(value):
-            raise ValueError(f"returned {value!r:.60} for sample {i}; expected a finite number")
-        values[i] = float(value)
+        if value is not None:
+            values[i] = reward_value(value, i)
     return values
+
+
+def reward_value(value: Any, sample: int) -> float:
+    """One reward from user code as a float (NaN stays NaN: skipped like None); ValueError naming what it was when
+    it is not a finite real number (a string, an infinity, an integer too large for a float)."""
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"returned {value!r:.60} for sample {sample}; expected a finite number")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"returned an integer of {int(value).bit_length()} bits for sample {sample}, too large "
+                         "for a float; expected a finite number") from None
+    if math.isinf(number):
+        raise ValueError(f"returned {number!r} for sample {sample}; expected a finite number")
+    return number
 
 
 def takes_environments(fn: RewardFn) -> bool:

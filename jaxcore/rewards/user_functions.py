@@ -35,6 +35,8 @@ a one-line warning naming the function.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -199,15 +201,23 @@ class TRLReward(ImportedBySpec):
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example],
                  environments: Sequence[Any] | None = None) -> list[float | None]:
-        prompts = [e.prompt for e in examples]
+        """The function on copies of the rows (one that edits its `prompts` or columns in place must not change
+        the dataset: the next epoch, a resumed run and a worker process would see other data), awaited when it is
+        a coroutine function (TRL accepts async reward functions)."""
+        prompts = copy.deepcopy([e.prompt for e in examples])
         texts = [[{"role": "assistant", "content": str(c)}] if is_conversation(e.prompt) else str(c)
                  for c, e in zip(completions, examples)]
         keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in TRL_KEYWORDS)])
-        columns = {key: [e.columns.get(key) for e in examples] for key in keys}
+        columns = copy.deepcopy({key: [e.columns.get(key) for e in examples] for key in keys})
         ids = [list(getattr(c, "ids", ())) for c in completions]
         if environments is not None:
-            columns[ENVIRONMENTS] = list(environments)
-        return self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns)
+            columns[ENVIRONMENTS] = list(environments)          # live instances, read in place (as TRL passes them)
+        output = self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns)
+        return asyncio.run(_awaited(output)) if inspect.isawaitable(output) else output
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 class RewardModel:

@@ -97,3 +97,19 @@ def test_a_run_with_no_reward_source_is_one_line(tmp_path):
     check(args)
     with pytest.raises(UserError, match="^no reward source: give reward functions .* or an environment_factory"):
         run_training(args, EggrollAlgorithm, build_task=lambda **_: dataset_task(TRAIN * 5, None, {}, {}))
+
+
+def test_an_environment_reward_too_large_for_a_float_is_a_counted_failure():
+    """`get_reward` returning 10**400 is a failed reward for its row, counted (before: OverflowError ended the run
+    with "unexpected OverflowError")."""
+    from types import SimpleNamespace
+
+    from jaxcore.agents.engine import _env_rewards
+
+    class Huge:
+        def get_reward(self) -> int:
+            return 10**400
+
+    agent = SimpleNamespace(environments=SimpleNamespace(reward_classes={"Huge": Huge}), timeout_s=5.0)
+    rewards, failures = _env_rewards(agent, [Huge(), Huge()], np.zeros(2, bool))
+    assert failures == {"Huge": 2} and np.isnan(rewards["Huge"]).all()

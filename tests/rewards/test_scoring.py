@@ -54,6 +54,18 @@ def strings(completions: list[str], examples: list[Example]) -> list[float | Non
     return ["1.0"] * len(completions)  # type: ignore[list-item]
 
 
+def as_dict(completions: list[str], examples: list[Example]) -> dict[int, float]:
+    return {i: 5.0 for i in range(len(completions))}  # type: ignore[return-value]
+
+
+def zero_d(completions: list[str], examples: list[Example]) -> np.ndarray:
+    return np.array(1.0)  # type: ignore[return-value]
+
+
+def huge_int(completions: list[str], examples: list[Example]) -> list[float | None]:
+    return [10**400] * len(completions)  # type: ignore[list-item]
+
+
 def batch(*completions: str) -> tuple[list[str], list[Example]]:
     return list(completions), [Example(f"p{i}", "") for i in range(len(completions))]
 
@@ -99,6 +111,18 @@ def test_wrong_count_and_bad_values_fail(caplog: pytest.LogCaptureFixture) -> No
     assert result.failures == {"w": 2, "s": 2}
     assert "(returned 3 values for 2 samples)" in caplog.text
     assert "(returned '1.0' for sample 0; expected a finite number)" in caplog.text
+
+
+@pytest.mark.parametrize("fn, message", [
+    (as_dict, "(returned a dict, not a list of 2 values)"),            # before: its keys, read as rewards
+    (zero_d, "(returned a ndarray with no length (a scalar?), not a list of 2 values)"),   # before: TypeError
+    (huge_int, "(returned an integer of 1329 bits for sample 0, too large for a float; expected a finite number)"),
+])                                                                     # before: OverflowError ended the run
+def test_what_user_code_returns_is_checked_in_one_place(fn, message, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        result = score(*batch("a", "b"), {"f": fn, "len": length_reward}, None, fallback=-1.0)
+    assert result.failures == {"f": 2, "len": 0} and result.rewards_B.tolist() == [0.0, 0.0]
+    assert message in caplog.text
 
 
 def test_fallback_none_skips_failed_samples() -> None:

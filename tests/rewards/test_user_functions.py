@@ -421,3 +421,34 @@ def test_the_probe_call_is_limited_to_the_timeout(tmp_path, caplog) -> None:
     assert list(task.reward_fns) == ["fn"]
     assert "reward function 'fn' did not return on a probe call with empty completions (timed out after 0.5 s)" \
         in caplog.text
+
+
+def test_a_reward_that_edits_its_inputs_leaves_the_dataset_alone():
+    """A function that appends to its conversation prompts and columns sees copies: the rows it is given next are
+    the dataset's own (before, the edits stayed in the dataset, so a straight run, a resumed one and one with
+    worker processes, which get pickled copies, trained on different data)."""
+    def editing(prompts, completions, tags, **kwargs):
+        for prompt, tag_list in zip(prompts, tags):
+            prompt.append({"role": "user", "content": "edited"})
+            tag_list.append("edited")
+        return [float(len(p)) for p in prompts]
+
+    fns, _ = resolve_rewards([editing], columns=["tags"])
+    examples = [Example([{"role": "user", "content": "hi"}], None, {"tags": ["a"]})]
+    for _ in range(2):
+        assert fns["editing"]([Completion("x", [1])], examples) == [2.0]
+    assert examples[0].prompt == [{"role": "user", "content": "hi"}] and examples[0].columns["tags"] == ["a"]
+
+
+def test_an_async_reward_function_is_awaited_as_in_trl():
+    """TRL 1.16 accepts coroutine functions as rewards; they are awaited (before, the probe refused the returned
+    coroutine as 'not a list of values')."""
+    async def slow_length(prompts, completions, **kwargs):
+        import asyncio
+
+        await asyncio.sleep(0)
+        return [float(len(c)) for c in completions]
+
+    fns, weights = resolve_rewards([slow_length])
+    result = Scorer(fns, weights).score([Completion("abc", [1]), Completion("d", [2])], examples_with([{}, {}]))
+    np.testing.assert_allclose(result.rewards_B, [3.0, 1.0])
