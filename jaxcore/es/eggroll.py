@@ -37,6 +37,7 @@ from jaxcore.model.state import flat_state, variable_at, write_params
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.sharding import factor_specs
 from jaxcore.runtime.optim import all_finite
+from jaxcore.runtime.reward_scale import power_of_two_scale
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -243,14 +244,17 @@ def shape_fitness(fitness_N: Any, mode: str = "zscore", group_size: int | None =
     [-0.5, 0.5]; none: unchanged.
     """
     f = jnp.asarray(fitness_N, jnp.float32)
+    if mode in ("zscore", "group_zscore"):          # z-scores of f / 2**k: the same numbers, finite for f ~ 1e20
+        scale = power_of_two_scale(f)
+        f, eps = f / scale, 1e-5 / (scale * scale)
     if mode == "zscore":
-        return (f - f.mean()) / jnp.sqrt(f.var() + 1e-5)
+        return (f - f.mean()) / jnp.sqrt(f.var() + eps)
     if mode == "group_zscore":
         if not group_size or f.shape[0] % group_size:
             raise ValueError(f"group_zscore needs a group_size dividing {f.shape[0]}, got {group_size}")
         grouped = f.reshape(-1, group_size)
         centred = (grouped - grouped.mean(1, keepdims=True)).reshape(-1)
-        return centred / jnp.sqrt(f.var() + 1e-5)
+        return centred / jnp.sqrt(f.var() + eps)
     if mode == "centered_rank":
         return centered_ranks(f)
     if mode == "none":

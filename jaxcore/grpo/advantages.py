@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcore.grpo.config import SCALES
+from jaxcore.runtime.reward_scale import power_of_two_scale
 
 Array = jax.Array
 
@@ -50,17 +51,23 @@ def combine_rewards(per_function: Mapping[str, Any], weights: Mapping[str, float
 
 
 def _nanmean(x: Array, axis: int | None) -> Array:
+    """Mean ignoring NaNs, of x divided by a power of two (`power_of_two_scale`: exact, 1 for rewards below 2**50)
+    and multiplied back, so that rewards near float32's limit do not overflow the sum."""
+    scale = power_of_two_scale(x)
     valid = ~jnp.isnan(x)
-    return jnp.where(valid, x, 0.0).sum(axis, keepdims=True) / valid.sum(axis, keepdims=True)
+    return scale * (jnp.where(valid, x / scale, 0.0).sum(axis, keepdims=True) / valid.sum(axis, keepdims=True))
 
 
 def _nanstd(x: Array, axis: int | None) -> Array:
-    """Sample std (ddof=1) ignoring NaNs; NaN where fewer than two values (TRL's `nanstd`)."""
-    valid = ~jnp.isnan(x)
+    """Sample std (ddof=1) ignoring NaNs; NaN where fewer than two values (TRL's `nanstd`), of x divided by a power
+    of two and multiplied back, so that large rewards (1e20: squares past float32's limit) keep a finite std."""
+    scale = power_of_two_scale(x)
+    y = x / scale
+    valid = ~jnp.isnan(y)
     count = valid.sum(axis, keepdims=True)
-    dev = jnp.where(valid, x - _nanmean(x, axis), 0.0)
+    dev = jnp.where(valid, y - _nanmean(y, axis), 0.0)
     var = (dev * dev).sum(axis, keepdims=True) / (count - 1)
-    return jnp.where(count > 1, jnp.sqrt(var), jnp.nan)
+    return jnp.where(count > 1, scale * jnp.sqrt(var), jnp.nan)
 
 
 def reward_std(rewards_B: Array, group_size: int, scale: str) -> Array:

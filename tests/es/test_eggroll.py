@@ -91,6 +91,23 @@ def test_shape_fitness_hand_worked():
         eggroll.shape_fitness(f, "softmax")
 
 
+@pytest.mark.parametrize("mode", ["zscore", "group_zscore"])
+def test_shape_fitness_of_rewards_near_float32s_limit(mode):
+    """Finite fitness of ~1e20 (squares past float32's limit) keeps its z-scores (before: the variance was inf and
+    every z-score 0, a zero update reported as not skipped); small fitness keeps its numbers bit for bit."""
+    f = np.array([1.0, 2.0, 3.0, 4.0])
+    expected = eggroll.shape_fitness(f, mode, group_size=2)
+    np.testing.assert_allclose(eggroll.shape_fitness(f * 1e20, mode, group_size=2), expected, rtol=1e-5)
+    np.testing.assert_allclose(eggroll.shape_fitness(f * 3e37, mode, group_size=2), expected, rtol=1e-5)
+    small = np.random.default_rng(0).normal(size=8).astype(np.float32)
+    centred = small - small.mean() if mode == "zscore" else small - np.repeat(small.reshape(-1, 2).mean(1), 2)
+    import jax.numpy as jnp
+
+    plain = (jnp.asarray(centred) if mode == "group_zscore" else jnp.asarray(small) - jnp.asarray(small).mean())
+    assert np.array_equal(eggroll.shape_fitness(small, mode, group_size=2),
+                          plain / jnp.sqrt(jnp.asarray(small).var() + 1e-5))
+
+
 def test_gradient_equals_explicit_sum_over_members(llama):
     plan, noise = noise_of(llama, epoch=4, non_matrix="full")
     fitness = np.array([0.5, -1.0, 2.0, 0.0, 1.5, -0.25], np.float32)

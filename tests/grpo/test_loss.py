@@ -56,6 +56,25 @@ def test_reward_metrics_by_hand():
     assert reward_metrics(per_function, rewards, 4)["frac_reward_zero_std"] == 0.0
 
 
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_advantages_and_reward_std_of_rewards_near_float32s_limit(scale):
+    """Finite rewards of ~1e20 (squares past float32's limit): the std is finite and the advantages those of a
+    float64 computation (before: reward_std inf and every advantage 0); the reward std of small rewards is
+    unchanged bit for bit (the same formula as TRL's)."""
+    unit = np.array([1.0, 2.0, 4.0, 7.0, 0.0, 3.0, 3.0, 5.0])
+    for factor in (1e20, 1e37):
+        rewards = unit * factor
+        groups = rewards.reshape(-1, 4)                 # the mean is the group's; the std the group's or the batch's
+        std = np.repeat(groups.std(1, ddof=1), 4) if scale == "group" else rewards.std(ddof=1)
+        expected = (rewards - np.repeat(groups.mean(1), 4)) / (std + 1e-4)
+        np.testing.assert_allclose(np.asarray(compute_advantages(rewards, 4, scale)), expected, rtol=1e-5)
+        metrics = reward_metrics({"r": rewards}, rewards, 4, scale)
+        assert metrics["reward_std"] == pytest.approx(rewards.std(ddof=1), rel=1e-5)
+    small = jnp.asarray(unit / 7.0, jnp.float32)
+    dev = small - small.mean()
+    assert reward_metrics({"r": small}, small, 4, scale)["reward_std"] == float(jnp.sqrt((dev * dev).sum() / 7))
+
+
 def test_advantage_errors():
     with pytest.raises(ValueError):
         compute_advantages([1.0, 2.0, 3.0], 2, "group")
