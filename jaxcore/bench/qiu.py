@@ -200,7 +200,7 @@ def run(options: BenchOptions, **overrides: int) -> dict[str, Any]:
                              {"path": str(path), "s": s, "rows": [{"prompt": e.prompt, "answer": e.answer}
                                                                    for e in examples],
                               "dtype": options.dtype, "compilation_cache": options.compilation_cache}, Path(tmp))
-    qiu_ended = list(qiu_load_s + np.cumsum(qiu_s))
+    qiu_ended = [float(x) for x in qiu_load_s + np.cumsum(qiu_s)]
     curves = {"qiu": {"qiu": [[qiu_ended, qiu_r]], "jax": [[whole["step_ended_s"], whole["reward"]]]}}
     qiu_best, jax_best = min(qiu_s), min(jax_s)
     return {"qiu.whole_run_s": round(qiu_ended[-1], 2), "qiu.jax_whole_run_s": round(whole["wall_s"], 2),
