@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,24 +74,61 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'es.sigma=1e-3' -> (['es', 'sigma'], 0.001); the value is parsed as YAML."""
+def parse_override(text: str, cls: type | None = None) -> tuple[list[str], Any]:
+    """'es.sigma=1e-3' -> (['es', 'sigma'], 0.001): the value is parsed as YAML, except where the key is a text
+    field of `cls` (a path, a prompt), which takes it as typed: 'rollout.system_prompt=Be brief. #1' keeps its
+    ' #1' and a newline stays a newline (YAML would read a comment and fold the line)."""
     if "=" not in text:
         raise ConfigValueError(f"override {text!r} must look like key.sub=value")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigValueError(f"override {text!r} has an empty key")
+    path = key.split(".")
+    hint = _field_hint(cls, path) if cls is not None else None
+    if _is_text(hint):
+        return path, None if raw in YAML_NULLS and _allows_none(hint) else raw
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as err:
         raise ConfigValueError(f"override {key}: cannot parse {raw!r}") from err
-    return key.split("."), value
+    return path, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Set dotted keys in a nested dict (missing intermediate mappings are created)."""
+def _field_hint(cls: type, path: list[str]) -> Any:
+    """The declaration of the field a dotted path names in `cls`, or None when it names none."""
+    hint: Any = cls
+    for part in path:
+        section = schema.section_type(hint)
+        if section is None:
+            return None
+        hint = schema.field_hints(section).get(part)
+    return hint
+
+
+YAML_NULLS = ("null", "Null", "NULL", "~")
+
+
+def _bare(hint: Any) -> Any:
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+
+
+def _allows_none(hint: Any) -> bool:
+    return type(None) in typing.get_args(_bare(hint))
+
+
+def _is_text(hint: Any) -> bool:
+    """A field that holds free text: `str` or `str | None`, with or without constraints (not a Literal)."""
+    hint = _bare(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return set(typing.get_args(hint)) == {str, type(None)}
+    return hint is str
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], cls: type | None = None) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (missing intermediate mappings are created); text fields of `cls` take
+    their value as typed (`parse_override`)."""
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, cls)
         node = data
         for part in path[:-1]:
             child = node.setdefault(part, {})
@@ -120,4 +159,4 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """Defaults of `cls`, then the YAML file, then the dotted overrides."""
     data = read_yaml(path) if path else {}
-    return from_dict(cls, apply_overrides(data, overrides))
+    return from_dict(cls, apply_overrides(data, overrides, cls))

@@ -37,6 +37,21 @@ def test_yaml_numbers_and_empty_sections():
     assert load_config(ESConfig, None, ["es=null"]).es == EggrollConfig()      # `es:` with every line commented
 
 
+def test_a_text_field_takes_its_override_as_typed():
+    """A dotted override of a text field is not YAML: ' #' is not a comment and a newline is not folded (before:
+    'Be brief. #1' lost ' #1' and two lines became one); null still unsets an optional one, and every other
+    field is still YAML (numbers, lists, mappings)."""
+    cfg = load_config(ESConfig, None, ["rollout.system_prompt=Be brief. #1\nThen stop.", "train.out_dir=runs/a #b",
+                                       "model.path= spaced ", "es.sigma=1e-3"])
+    assert cfg.rollout.system_prompt == "Be brief. #1\nThen stop." and cfg.train.out_dir == "runs/a #b"
+    assert cfg.model.path == " spaced " and cfg.es.sigma == 0.001
+    assert load_config(ESConfig, None, ["rollout.system_prompt=null"]).rollout.system_prompt is None
+    assert load_config(ESConfig, None, ["rollout.system_prompt=x", "rollout.system_prompt=~"]).rollout.system_prompt \
+        is None
+    assert load_config(GRPOConfig, None, ["grpo.lora.target_modules=[q_proj, v_proj]"]).grpo.lora.target_modules == [
+        "q_proj", "v_proj"]
+
+
 def test_construction_checks_ranges_and_types():
     with pytest.raises(ConfigTypeError, match="population='4': must be an integer") as raised:
         EggrollConfig(population="4")
