@@ -48,6 +48,7 @@ FILES = {
     "hf_negative/config.json": '{"model_type": "llama", "vocab_size": -5}',
     "hf_nan/config.json": '{"model_type": "llama", "rms_norm_eps": NaN}',
     "hf_latin1/config.json": b'{"model_type": "ll\xe9ma"}',
+    "pngdir/reward.png/kept.txt": "an earlier file: reward.png is a directory here",
 }
 
 CASES = [
@@ -78,6 +79,20 @@ CASES = [
      "no config.json"),
     ("plan-bad-memory", "jaxcore", ["plan", "model.path={model}", "--device-memory", "lots"],
      "device memory 'lots'"),
+    # out_dir/reward.png a directory: refused before training (before: found after all of it)
+    ("es-reward-png-is-a-directory", "jaxcore", ["es", "model.path={model}", "train.out_dir={tmp}/pngdir",
+                                                  "train.epochs=1", "task.name=addition", "es.population=4"],
+     "train.out_dir's reward.png {tmp}/pngdir/reward.png is a directory; expected a file path"),
+    # a size that plans nothing (before: NaN, inf and 0 were accepted as a device's memory)
+    ("plan-nan-memory", "jaxcore", ["plan", "model.path={model}", "--device-memory", "nan"],
+     "device memory 'nan': expected a positive size"),
+    ("plan-inf-memory", "jaxcore", ["plan", "model.path={model}", "--device-memory", "infGB"],
+     "device memory 'infGB': expected a positive size"),
+    ("plan-zero-memory", "jaxcore", ["plan", "model.path={model}", "--device-memory", "0"],
+     "device memory '0': expected a positive size"),
+    # an unknown bench preset (before: a KeyError deep in the suite, or, with --quick, a run with exit 0)
+    ("bench-unknown-preset", "jaxcore", ["bench", "--preset", "nosuch", "--quick", "--suite", "es"],
+     "unknown --preset 'nosuch'; choose from tiny, bench"),
     ("plan-bad-mesh", "jaxcore", ["plan", "model.path={model}", "mesh.model=3"],
      "mesh.model=3 does not divide 8 devices"),
     ("plan-bad-yaml", "jaxcore", ["plan", "--config", "{tmp}/bad.yaml"],

@@ -62,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise UserError(f"unknown suite(s) {', '.join(map(repr, unknown))}; choose from all, {', '.join(SUITES)}")
+    from jaxcore.hf.tiny import PRESETS
+
+    presets = ("tiny", *PRESETS, "smollm2-135m-instruct")
+    if args.preset not in presets:
+        raise UserError(f"unknown --preset {args.preset!r}; choose from {', '.join(dict.fromkeys(presets))}")
     if args.json_path:       # refused before any suite runs; then rewritten (atomically) after each suite
         check_output(args.json_path, kind="file", overwrite=args.overwrite, name="--json")
     import jax

@@ -3,6 +3,7 @@ itself is the algorithm's: `Algorithm.memory_plan`), and the helpers `jaxcore pl
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,12 @@ def parse_bytes(text: str) -> float:
             number, scale = lowered[: -len(unit)], unit_scale
             break
     try:
-        return float(number) * scale
+        size = float(number) * scale
     except ValueError:
-        raise UserError(f"device memory {text!r}: expected a size such as 40GB, 80GiB or 4e10") from None
+        size = math.nan
+    if not (math.isfinite(size) and size > 0):          # NaN, inf, 0 and negatives plan nothing
+        raise UserError(f"device memory {text!r}: expected a positive size such as 40GB, 80GiB or 4e10")
+    return size
 
 
 def prompt_tokens_of(job_cfg: Any, prompt_tokens: int | None = None) -> int:

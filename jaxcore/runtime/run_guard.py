@@ -15,6 +15,7 @@ never taken for stale.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -107,14 +108,32 @@ def structure_changes(meta: dict[str, Any], algorithm: str, shapes: dict[str, li
     return problems
 
 
+def data_fingerprint(task: Any) -> str | None:
+    """A digest of a dataset task's examples, train and eval (prompts, answers, columns), so that a resume over a
+    changed dataset file is caught; None for a task that generates its examples (its config says it all). A
+    column value JSON cannot hold counts by its type only, never by its address in memory."""
+    train, held_out = getattr(task, "train", None), getattr(task, "eval", None)
+    if not isinstance(train, (tuple, list)):
+        return None
+    digest = hashlib.sha256()
+    for split in (train, held_out or ()):
+        for example in split:
+            row = [example.prompt, example.answer, dict(example.columns)]
+            digest.update(json.dumps(row, sort_keys=True, default=lambda value: type(value).__name__).encode())
+            digest.update(b"\n")
+        digest.update(b"--split--")
+    return digest.hexdigest()[:16]
+
+
 def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algorithm: str,
                             shapes: dict[str, list[int]], allow_changes: bool,
-                            base_weights: dict[str, list[float]] | None = None) -> None:
+                            base_weights: dict[str, list[float]] | None = None, data: str | None = None) -> None:
     """Raise `ResumeError` naming the first incompatible difference; log the rest.
 
     A different algorithm or state shape is always refused (it cannot be restored); other incompatible
-    config changes, and starting weights (`base_weights`, the fingerprint of the model loaded now) that are
-    not those the run started from, are refused unless `allow_changes`.
+    config changes, starting weights (`base_weights`, the fingerprint of the model loaded now) and a dataset
+    (`data`, `data_fingerprint`) that are not those the run started from are refused unless `allow_changes`
+    (a checkpoint written before datasets were fingerprinted is not checked for its data).
     """
     structural = structure_changes(meta, algorithm, shapes)
     if structural:
@@ -126,6 +145,9 @@ def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algori
     if changed:
         problems.append(f"model: the weights at model.path are not those the run started from ({changed[0]} "
                         f"differs{f' and {len(changed) - 1} more' if len(changed) > 1 else ''})")
+    if meta.get("data") and data and meta["data"] != data:
+        problems.append(f"dataset: its examples are not those the run started from (digest {meta['data']} -> "
+                        f"{data})")
     for change in harmless:
         log.info("resume: config changed (harmless) %s", change)
     if problems and not allow_changes:

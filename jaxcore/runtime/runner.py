@@ -54,7 +54,7 @@ from jaxcore.runtime.optim import check_learning_rate
 from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens
 from jaxcore.runtime.programs import ledger, process_start_time
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
-from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible
+from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible, data_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ class Runner:
         self.eos_token_ids = eos_token_ids
         self.base_weights = base_weights      # fingerprint of the weights loaded at start (stored, checked on resume)
         self.task = task
+        self.data = data_fingerprint(task)         # stored, checked on resume: a changed dataset file is refused
         self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
         self.out_dir = Path(cfg.train.out_dir)
         self.is_main = jax.process_index() == 0
@@ -205,7 +206,8 @@ class Runner:
     def _save(self, epoch: int, *, wait: bool = False) -> None:
         state = self.algorithm.checkpoint_state()
         meta = {"epoch": epoch, "data_position": epoch + 1, "config": to_dict(self.cfg),
-                "algorithm": self.algorithm.name, "shapes": state_shapes(state), "base_weights": self.base_weights}
+                "algorithm": self.algorithm.name, "shapes": state_shapes(state), "base_weights": self.base_weights,
+                "data": self.data}
         self.checkpointer.save(epoch, state, meta, wait=wait)
 
     def _stopped(self, summary: dict[str, Any], signum: int, epoch: int) -> None:
@@ -236,7 +238,7 @@ class Runner:
         config, shapes = to_dict(self.cfg), state_shapes(target)
         state, meta = self.checkpointer.restore_newest(
             target, lambda meta: check_resume_compatible(meta, config, self.algorithm.name, shapes, allow_changes,
-                                                         self.base_weights))
+                                                         self.base_weights, self.data))
         self.algorithm.restore_state(state)
         log.info("resumed from %s at epoch %d", self.checkpointer.directory, meta["epoch"])
         return int(meta["epoch"]) + 1
@@ -433,7 +435,8 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
 
 def check_run_outputs(cfg: Any, resume: bool) -> None:
     """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
-    (or can be made one) that can be written; out_dir/final_hf (with `train.export_hf`) is not a link or a file,
+    (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories or links
+    (found before training, not after it); out_dir/final_hf (with `train.export_hf`) is not a link or a file,
     is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
     optimiser's learning rate is finite at every step (`check_learning_rate`)."""
     out = Path(cfg.train.out_dir)
@@ -442,6 +445,8 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
     if out.exists() and not out.is_dir():
         raise OutputError(f"train.out_dir {out} exists and is not a directory")
     check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
+    for written in ("metrics.jsonl", "reward.png"):         # files a run rewrites: not a directory or a link
+        check_output(out / written, kind="file", overwrite=True, name=f"train.out_dir's {written}")
     if cfg.train.export_hf:
         if not resume:
             refuse_fresh_run_over_checkpoints(out)        # the earlier run's checkpoints: the clearer refusal

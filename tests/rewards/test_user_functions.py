@@ -452,3 +452,21 @@ def test_an_async_reward_function_is_awaited_as_in_trl():
     fns, weights = resolve_rewards([slow_length])
     result = Scorer(fns, weights).score([Completion("abc", [1]), Completion("d", [2])], examples_with([{}, {}]))
     np.testing.assert_allclose(result.rewards_B, [3.0, 1.0])
+
+
+def test_a_resume_over_a_changed_dataset_file_is_refused(user_files, tiny_dir, capsys):
+    """The dataset's digest is kept in each checkpoint: after the file changed, `--resume` stops with one line
+    (before: it resumed on other data, although data-stream changes are documented as refused);
+    `--resume-allow-changes` takes it, and an unchanged file resumes as before."""
+    out, data = user_files / "run-resume", user_files / "data.jsonl"
+    args = run_args(tiny_dir("llama"), out, data, f"rewards.functions=[{user_files}/my_rewards.py:brevity]",
+                    "train.epochs=1", "train.eval_every=-1")
+    assert main(args) == 0, capsys.readouterr().err
+    assert main(["es", "--resume", *args[1:-2], "train.epochs=2", "train.eval_every=-1"]) == 0
+    capsys.readouterr()
+    data.write_text(data.read_text().replace('"10+10="', '"10+11="'))
+    again = ["es", "--resume", *args[1:-2], "train.epochs=3", "train.eval_every=-1"]
+    assert main(again) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "dataset: its examples are not those the run started from" in err, err
+    assert main(["es", "--resume", "--resume-allow-changes", *again[2:]]) == 0
