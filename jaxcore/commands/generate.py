@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         for index in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
             chunk = prompts[index:index + args.batch_size]
             ids, mask, _ = encode_prompts_limited(tokenizer, chunk, limit, args.max_new_tokens,
-                                                  chat_template=args.chat_template, system=args.system)
+                                                  chat_template=args.chat_template, system=args.system,
+                                                  vocab_size=model.config.vocab_size)
             try:
                 result = generate(model, ids, mask, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.errors import PromptLengthError, read_json_object  # noqa: F401  (PromptLengthError: re-exported)
+from jaxcore.errors import PromptLengthError, UserError, read_json_object  # noqa: F401  (PromptLengthError: re-exported)
 from jaxcore.hf.convert import CheckpointError
 from jaxcore.rewards.user_functions import Completion, is_conversation
 
@@ -60,11 +60,26 @@ def limit_prompts(ids_BT: np.ndarray, mask_BT: np.ndarray, limit: PromptLimit, m
 
 
 def encode_prompts_limited(tokenizer: Any, prompts: Sequence[str], limit: PromptLimit, max_new_tokens: int, *,
-                           chat_template: bool = False, system: str | None = None
+                           chat_template: bool = False, system: str | None = None, vocab_size: int | None = None
                            ) -> tuple[np.ndarray, np.ndarray, int]:
-    """`encode_prompts` then `limit_prompts`: ids, mask [B, T] and the number of prompts truncated."""
+    """`encode_prompts` then `limit_prompts`: ids, mask [B, T] and the number of prompts truncated. With
+    `vocab_size` (the model's), a token the model has no embedding for is a one-line error (an embedding lookup
+    would clamp it to the last row, silently)."""
     ids, mask = encode_prompts(tokenizer, prompts, chat_template=chat_template, system=system)
+    if vocab_size is not None:
+        check_token_ids(tokenizer, ids, mask, vocab_size)
     return limit_prompts(ids, mask, limit, max_new_tokens)
+
+
+def check_token_ids(tokenizer: Any, ids_BT: np.ndarray, mask_BT: np.ndarray, vocab_size: int) -> None:
+    """UserError naming the first prompt token (row, id, text) at or beyond the model's `vocab_size`."""
+    beyond_BT = (np.asarray(ids_BT) >= vocab_size) & np.asarray(mask_BT, bool)
+    if beyond_BT.any():
+        row, col = (int(i[0]) for i in np.nonzero(beyond_BT))
+        token_id = int(ids_BT[row, col])
+        raise UserError(f"prompt {row}: token {token_id} ({tokenizer.convert_ids_to_tokens(token_id)!r}) is beyond "
+                        f"the model's vocab_size {vocab_size}: the tokenizer has tokens the model has no embedding "
+                        "for (added tokens?); resize the model's embeddings or use the model's own tokenizer")
 
 
 def rollout_prompt_limit(rollout: Any, model_config: Any) -> PromptLimit:

@@ -23,7 +23,7 @@ def encode_rollout_prompts(tokenizer: Any, examples: Sequence[Example], rollout:
     """Left-padded prompt ids and mask [B, T] under the rollout's prompt limit, and how many were truncated."""
     return encode_prompts_limited(tokenizer, [e.prompt for e in examples], rollout_prompt_limit(rollout, model_config),
                                   rollout.max_new_tokens, chat_template=rollout.chat_template,
-                                  system=rollout.system_prompt)
+                                  system=rollout.system_prompt, vocab_size=model_config.vocab_size)
 
 
 def sample(model: Any, ids: np.ndarray, mask: np.ndarray, rollout: RolloutConfig, *, key: jax.Array | None,

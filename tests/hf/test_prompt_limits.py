@@ -105,3 +105,22 @@ def test_rft_datagen_jax_engine_truncates_long_prompts(tiny_dir, tmp_path, capsy
     assert code == 0, (out, err)
     assert any("max_prompt_length 4" in r.getMessage() and "keeping their last 4 tokens" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_token_the_model_has_no_embedding_for_is_one_line(tiny_dir, tmp_path, capsys):
+    """A tokenizer with an added token beyond the model's vocab_size (before: the id was clamped to the last
+    embedding row and the run exited 0): one line naming the prompt, the token and the vocab size."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir("llama"), model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.add_tokens(["<extra_tool>"])
+    tokenizer.save_pretrained(model)
+    code = main(["generate", "--model", str(model), "--prompt", "plain", "--prompt", "call <extra_tool> now",
+                 "--max-new-tokens", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "prompt 1: token" in err[0] and "'<extra_tool>'" in err[0] and "beyond the model's vocab_size" in err[0]
