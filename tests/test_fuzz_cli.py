@@ -49,6 +49,7 @@ FILES = {
     "hf_nan/config.json": '{"model_type": "llama", "rms_norm_eps": NaN}',
     "hf_latin1/config.json": b'{"model_type": "ll\xe9ma"}',
     "pngdir/reward.png/kept.txt": "an earlier file: reward.png is a directory here",
+    "ckptfile/checkpoints": "a file where the checkpoints directory goes",
 }
 
 CASES = [
@@ -82,7 +83,11 @@ CASES = [
     # out_dir/reward.png a directory: refused before training (before: found after all of it)
     ("es-reward-png-is-a-directory", "jaxcore", ["es", "model.path={model}", "train.out_dir={tmp}/pngdir",
                                                   "train.epochs=1", "task.name=addition", "es.population=4"],
-     "train.out_dir's reward.png {tmp}/pngdir/reward.png is a directory; expected a file path"),
+     "train.out_dir's reward.png {tmp}/pngdir/reward.png is a directory; a run writes a file at it"),
+    # out_dir/checkpoints a file: refused before training (before: found after it, then a hang in orbax's threads)
+    ("es-checkpoints-is-a-file", "jaxcore", ["es", "model.path={model}", "train.out_dir={tmp}/ckptfile",
+                                              "train.epochs=1", "task.name=addition", "es.population=4"],
+     "train.out_dir's checkpoints {tmp}/ckptfile/checkpoints is not a directory; a run writes checkpoints in it"),
     # a size that plans nothing (before: NaN, inf and 0 were accepted as a device's memory)
     ("plan-nan-memory", "jaxcore", ["plan", "model.path={model}", "--device-memory", "nan"],
      "device memory 'nan': expected a positive size"),

@@ -435,8 +435,9 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
 
 def check_run_outputs(cfg: Any, resume: bool) -> None:
     """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
-    (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories or links
-    (found before training, not after it); out_dir/final_hf (with `train.export_hf`) is not a link or a file,
+    (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories, and
+    out_dir/checkpoints is not a file (found before training, not after it);
+    out_dir/final_hf (with `train.export_hf`) is not a link or a file,
     is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
     optimiser's learning rate is finite at every step (`check_learning_rate`)."""
     out = Path(cfg.train.out_dir)
@@ -445,8 +446,12 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
     if out.exists() and not out.is_dir():
         raise OutputError(f"train.out_dir {out} exists and is not a directory")
     check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
-    for written in ("metrics.jsonl", "reward.png"):         # files a run rewrites: not a directory or a link
-        check_output(out / written, kind="file", overwrite=True, name=f"train.out_dir's {written}")
+    for written, is_dir in (("metrics.jsonl", False), ("reward.png", False), ("checkpoints", True)):
+        path = out / written
+        if path.exists() and path.is_dir() != is_dir:
+            raise OutputError(f"train.out_dir's {written} {path} is {'not ' if is_dir else ''}a directory; a run "
+                              f"writes {'checkpoints in' if is_dir else 'a file at'} it (move it away, or choose "
+                              "another train.out_dir)")
     if cfg.train.export_hf:
         if not resume:
             refuse_fresh_run_over_checkpoints(out)        # the earlier run's checkpoints: the clearer refusal
