@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from jaxcore.errors import UserError  # noqa: F401  (re-exported)
+from jaxcore.errors import Interrupted, UserError  # noqa: F401  (UserError: re-exported)
 
 SUBCOMMANDS = {
     "convert": "Convert between HF directories and jaxcore (orbax) checkpoints",
@@ -93,9 +93,9 @@ def dispatch(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence
         parser = build_parser()
         prog = parser.prog
         return _parse_and_run(parser, argv, error_types)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:            # `Interrupted`: what the stop left, and the signal's exit code
+        print(str(err) if isinstance(err, Interrupted) else "interrupted", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
     except Exception as err:
         if debug:
             raise

@@ -16,6 +16,15 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal that ended work which cannot be resumed half-way (the final export): the message says what was
+    kept and what to do; the exit code is the shell's for the signal (128 + its number)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
 class OutputError(UserError):
     """An output that cannot be written safely (it exists, overlaps an input, is a link or the wrong kind, or the
     disk is full or read-only); nothing that existed before was changed."""

@@ -39,7 +39,7 @@ from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is 
 from jaxcore.hf.convert import save_hf
 from jaxcore.inference.generate import row_shards
 from jaxcore.model.state import weight_moments
-from jaxcore.outputs import check_output, check_parent
+from jaxcore.outputs import check_output, check_parent, remove_tree
 from jaxcore.parallel import sharding
 from jaxcore.parallel.meshes import maybe_initialize_distributed
 from jaxcore.parallel.rows import gather_rows
@@ -55,40 +55,12 @@ from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens
 from jaxcore.runtime.programs import ledger, process_start_time
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible, data_fingerprint
+from jaxcore.runtime.signals import StopSignal, interrupts_export
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 0          # the held-out examples are drawn with this seed, whatever train.seed is
 LOOKAHEAD = 8          # epochs whose examples the algorithm sees ahead, to make their programs beside earlier work
-
-
-class StopSignal:
-    """Turns SIGTERM/SIGINT into a flag the loop checks between epochs (handlers restored on exit).
-
-    `on_signal` is called (from the handler, last) on the first signal: e.g. `Scorer.interrupt`, so that a hung
-    reward function cannot hold the run past its grace period."""
-
-    def __init__(self, on_signal: Callable[[], None] | None = None) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-        self._on_signal = on_signal
-
-    def __enter__(self) -> StopSignal:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.received is not None:          # a second signal: stop now
-            raise KeyboardInterrupt
-        self.received = signum
-        log.warning("received %s: finishing this epoch, then checkpointing", signal.Signals(signum).name)
-        if self._on_signal is not None:
-            self._on_signal()
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -465,6 +437,9 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        tokenizer_dir: str | None, tools: Sequence[Any] = (),
                        environment_factory: Any = None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
+    for stale in Path(cfg.train.out_dir).glob(".final_hf.tmp-*"):   # an export stopped mid-write (this lock's run)
+        log.info("removing %s, left by an export that was stopped", stale)
+        remove_tree(stale)
     if (tools or environment_factory is not None) and not cfg.rollout.multi_turn:
         cfg = copy.copy(cfg)                # the caller's config stays as it was
         cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
@@ -514,9 +489,11 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
     summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
         resume=resume, allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
-        final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
-        if jax.process_index() == 0:
-            summary["final_hf"] = str(save_hf(final, Path(cfg.train.out_dir) / "final_hf", tokenizer_dir=tok_dir,
-                                              inputs=(cfg.model.path or None,)))
-            summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
+        final_hf = Path(cfg.train.out_dir) / "final_hf"
+        with interrupts_export(f"the export to {final_hf}"):
+            final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
+            if jax.process_index() == 0:
+                summary["final_hf"] = str(save_hf(final, final_hf, tokenizer_dir=tok_dir,
+                                                  inputs=(cfg.model.path or None,)))
+                summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
     return summary
