@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jaxcore.agents.tools import Tool, ToolCall, error_result
+from jaxcore.agents.tools import Tool, ToolCall, error_result, tool_text
 from jaxcore.rewards.workers import WorkerPool, one_line
 
 
@@ -45,6 +45,13 @@ def call_in_thread(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s:
     return (*box["out"], False)
 
 
+def _as_text(fn: Callable[..., Any]) -> Callable[..., str]:
+    """`fn` called with a tool call's arguments, returning `tool_text` (any argument name passes through)."""
+    def call(**arguments: Any) -> str:
+        return tool_text(fn, arguments)
+    return call
+
+
 class CallRunner:
     """Runs a turn's calls of every row; owns the worker pool of standalone tools (close it with `close`)."""
 
@@ -71,9 +78,9 @@ class CallRunner:
                 jobs.append((i, call.name, call.arguments))
             else:
                 fn = available[call.name]
-                ok, value, hung = call_in_thread(fn.fn if isinstance(fn, Tool) else fn, call.arguments,
-                                                 self.timeout_s)
-                results[i] = CallResult(call.name, str(value) if ok else error_result(value), ok, hung)
+                ok, value, hung = call_in_thread(_as_text(fn.fn if isinstance(fn, Tool) else fn), call.arguments,
+                                                 self.timeout_s)          # the text made on the thread too
+                results[i] = CallResult(call.name, value if ok else error_result(value), ok, hung)
         if jobs:
             outcomes = self.pool.run([(name, [arguments], []) for _, name, arguments in jobs], self.timeout_s)
             for (i, name, _), (ok, value) in zip(jobs, outcomes):

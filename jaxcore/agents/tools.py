@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxcore.errors import TaskError
 from jaxcore.rewards.types import Example
-from jaxcore.rewards.user_functions import ImportedBySpec, import_function
+from jaxcore.rewards.user_functions import ImportedBySpec, import_function, resolved
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_RE = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
@@ -106,7 +106,13 @@ class Tool(ImportedBySpec):
         self.root = root if root is not None else os.getcwd()
 
     def __call__(self, calls: Sequence[dict[str, Any]], examples: Sequence[Example] = ()) -> list[str]:
-        return [str(self.fn(**arguments)) for arguments in calls]
+        return [tool_text(self.fn, arguments) for arguments in calls]
+
+
+def tool_text(fn: Callable[..., Any], arguments: dict[str, Any]) -> str:
+    """A tool call's result as the text the model reads: awaited first when the tool is a coroutine function (TRL
+    accepts async tools; its coroutine's repr is no result), then `str` (which may raise: the call then failed)."""
+    return str(resolved(fn(**arguments)))
 
 
 def load_tools(specs: Sequence[str | Callable[..., Any]], root: str | os.PathLike[str] | None = None) -> list[Tool]:

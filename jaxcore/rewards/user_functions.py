@@ -212,8 +212,13 @@ class TRLReward(ImportedBySpec):
         ids = [list(getattr(c, "ids", ())) for c in completions]
         if environments is not None:
             columns[ENVIRONMENTS] = list(environments)          # live instances, read in place (as TRL passes them)
-        output = self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns)
-        return asyncio.run(_awaited(output)) if inspect.isawaitable(output) else output
+        return resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns))
+
+
+def resolved(value: Any) -> Any:
+    """`value`, or what it resolves to when user code returned an awaitable (an async reward function or tool, as
+    TRL accepts them), run to completion on a fresh event loop."""
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
 
 
 async def _awaited(awaitable: Any) -> Any:

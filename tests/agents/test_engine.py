@@ -144,6 +144,26 @@ def test_crashing_hanging_and_malformed_calls_become_errors_the_model_reads(path
     assert episodes.metrics()["tools/failure_frequency"] == 1.0 and episodes.turns_B.tolist() == [2, 2]
 
 
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "worker-process"])
+def test_an_async_tool_is_awaited_and_an_untextable_result_is_a_failed_call(path, tokenizer, workers):
+    """An async tool's result is what it returns (before: its coroutine's repr, as a success), and a result whose
+    `str` raises is an error the model reads, counted (before, in process: "unexpected ValueError" ended the run)."""
+    calls = ('<tool_call>{"name": "async_add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+             '<tool_call>{"name": "untextable", "arguments": {"x": 1}}</tool_call>')
+    agent = Agent(load_tools([trl_tools.async_add, trl_tools.untextable]), max_episode_tokens=512, timeout_s=5.0,
+                  num_workers=workers)
+    try:
+        results = [("async_add", "5"), ("untextable", "{'error': 'ValueError: no text for this result'}")]
+        prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", calls), ("tool", results),
+                                                                   ("model", "ok")])
+        model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
+        episodes = roll(agent, model, tokenizer, [EXAMPLE] * 2, max_new_tokens=len(calls) + 8)
+    finally:
+        agent.close()
+    assert episode_tokens(episodes, 0)[0] == episode
+    assert episodes.tool_calls_B.tolist() == [2, 2] and episodes.tool_failures_B.tolist() == [1, 1]
+
+
 def test_every_row_gets_its_own_environment_instance_and_reward(path, tokenizer):
     envs = Environments(resolve_factories(trl_tools.IncrementEnv))
     agent = Agent(environments=envs, max_episode_tokens=160)

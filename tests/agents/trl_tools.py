@@ -20,6 +20,33 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+async def async_add(a: int, b: int) -> int:
+    """Add two integers, as a coroutine function (TRL accepts async tools).
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    import asyncio
+
+    await asyncio.sleep(0)
+    return a + b
+
+
+class Untextable:
+    def __str__(self) -> str:
+        raise ValueError("no text for this result")
+
+
+def untextable(x: int) -> Untextable:
+    """A tool whose result cannot be turned into text.
+
+    Args:
+        x: Any integer.
+    """
+    return Untextable()
+
+
 def crash(x: int) -> int:
     """A tool that raises.
 
