@@ -204,15 +204,24 @@ class TRLReward(ImportedBySpec):
         """The function on copies of the rows (one that edits its `prompts` or columns in place must not change
         the dataset: the next epoch, a resumed run and a worker process would see other data), awaited when it is
         a coroutine function (TRL accepts async reward functions)."""
-        prompts = copy.deepcopy([e.prompt for e in examples])
+        prompts = _copied([e.prompt for e in examples])
         texts = [[{"role": "assistant", "content": str(c)}] if is_conversation(e.prompt) else str(c)
                  for c, e in zip(completions, examples)]
         keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in TRL_KEYWORDS)])
-        columns = copy.deepcopy({key: [e.columns.get(key) for e in examples] for key in keys})
+        columns = _copied({key: [e.columns.get(key) for e in examples] for key in keys})
         ids = [list(getattr(c, "ids", ())) for c in completions]
         if environments is not None:
             columns[ENVIRONMENTS] = list(environments)          # live instances, read in place (as TRL passes them)
         return resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns))
+
+
+def _copied(rows: Any) -> Any:
+    """A deep copy of what a user function receives; the rows themselves where a value cannot be copied (a lock, a
+    client held in a Python API dataset's column)."""
+    try:
+        return copy.deepcopy(rows)
+    except Exception:  # noqa: BLE001 -- any failure to copy: pass the rows as TRL would have them
+        return rows
 
 
 def resolved(value: Any) -> Any:
