@@ -63,6 +63,7 @@ from jaxcore.model.transformer import KVCache
 from jaxcore.parallel.rows import allgather_sum, gather_rows, owned_rows
 from jaxcore.rewards.types import Example
 from jaxcore.rewards.user_functions import is_conversation
+from jaxcore.rewards.workers import one_line
 
 log = logging.getLogger(__name__)
 CHUNK_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -467,8 +468,8 @@ def _env_rewards(agent: Agent, instances: list[Any], abandoned: np.ndarray
             ok, value, _ = call_in_thread(inst.get_reward, {}, agent.timeout_s)
             try:
                 values[r] = float(value) if ok else np.nan
-            except (TypeError, ValueError, OverflowError):      # OverflowError: an int too large for a float
-                ok = False
+            except (TypeError, ValueError, OverflowError) as err:      # OverflowError: an int too large for a float
+                ok, value = False, f"returned a {type(value).__name__} that is no finite number ({one_line(err)})"
             failed += not ok or not np.isfinite(values[r])
             if not ok or not np.isfinite(values[r]):
                 values[r] = np.nan

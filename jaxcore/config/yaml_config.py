@@ -85,7 +85,7 @@ def parse_override(text: str, cls: type | None = None) -> tuple[list[str], Any]:
         raise ConfigValueError(f"override {text!r} has an empty key")
     path = key.split(".")
     hint = _field_hint(cls, path) if cls is not None else None
-    if _is_text(hint):
+    if is_text_field(hint):
         return path, None if raw in YAML_NULLS and _allows_none(hint) else raw
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
@@ -116,7 +116,7 @@ def _allows_none(hint: Any) -> bool:
     return type(None) in typing.get_args(_bare(hint))
 
 
-def _is_text(hint: Any) -> bool:
+def is_text_field(hint: Any) -> bool:
     """A field that holds free text: `str` or `str | None`, with or without constraints (not a Literal)."""
     hint = _bare(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):

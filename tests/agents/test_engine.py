@@ -114,6 +114,15 @@ def test_a_tool_call_runs_and_its_result_is_appended_and_masked(path, tokenizer)
     assert (np.asarray(episodes.result.logprobs)[3, :len(tokens)][np.array(mask) == 0] == 0).all()
 
 
+def one_round_of_calls(agent, path, tokenizer, calls, results):
+    """Two rows whose scripted model makes `calls` once, reads `results` back and says "ok": (the expected episode's
+    tokens, the episodes)."""
+    prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", calls), ("tool", results),
+                                                               ("model", "ok")])
+    model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
+    return episode, roll(agent, model, tokenizer, [EXAMPLE] * 2, max_new_tokens=len(calls) + 8)
+
+
 @pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "worker-process"])
 def test_crashing_hanging_and_malformed_calls_become_errors_the_model_reads(path, tokenizer, workers):
     calls = ('<tool_call>{"name": "crash", "arguments": {"x": 1}}</tool_call>'
@@ -132,10 +141,7 @@ def test_crashing_hanging_and_malformed_calls_become_errors_the_model_reads(path
                    ("nope", "{'error': 'Tool nope not found.'}")]
         if workers:
             results.append(("die", "{'error': 'worker process died (exit code 3)'}"))
-        prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", calls), ("tool", results),
-                                                                   ("model", "ok")])
-        model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
-        episodes = roll(agent, model, tokenizer, [EXAMPLE] * 2, max_new_tokens=len(calls) + 8)
+        episode, episodes = one_round_of_calls(agent, path, tokenizer, calls, results)
     finally:
         agent.close()
     assert episode_tokens(episodes, 0)[0] == episode          # every error came back as that tool message
@@ -153,11 +159,8 @@ def test_an_async_tool_is_awaited_and_an_untextable_result_is_a_failed_call(path
     agent = Agent(load_tools([trl_tools.async_add, trl_tools.untextable]), max_episode_tokens=512, timeout_s=5.0,
                   num_workers=workers)
     try:
-        results = [("async_add", "5"), ("untextable", "{'error': 'ValueError: no text for this result'}")]
-        prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", calls), ("tool", results),
-                                                                   ("model", "ok")])
-        model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
-        episodes = roll(agent, model, tokenizer, [EXAMPLE] * 2, max_new_tokens=len(calls) + 8)
+        episode, episodes = one_round_of_calls(agent, path, tokenizer, calls, [
+            ("async_add", "5"), ("untextable", "{'error': 'ValueError: no text for this result'}")])
     finally:
         agent.close()
     assert episode_tokens(episodes, 0)[0] == episode
