@@ -24,10 +24,11 @@ def grpo_args(model, out, *extra) -> list[str]:
     return [f"model.path={model}", f"train.out_dir={out}", *GRPO_TINY_RUN, *extra]
 
 
-def phases_cover(parts: float, step_time: float) -> bool:
-    """An epoch's timed phases hold its step_time but for the bookkeeping between them (a few ms; more on a loaded
-    machine)."""
-    return parts <= step_time + 1e-6 and step_time - parts <= max(0.05 * step_time, 0.05)
+def phases_within(parts: float, step_time: float) -> bool:
+    """An epoch's timed phases are parts of its step: together never more than its step_time (a phase counted twice,
+    or compile time counted inside a phase and again apart, would be). How much of the step they cover is a matter
+    of timing, which a loaded machine changes, so it is not tested."""
+    return parts <= step_time + 1e-3
 
 
 def final_params(out: Path) -> dict:
