@@ -160,31 +160,28 @@ class GRPOAlgorithm(Algorithm):
     # -- one epoch -------------------------------------------------------------------------------
 
     def encode(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray]:
-        """Left-padded prompt ids/mask, widened to a length bucket (one compiled train step per bucket)."""
+        """Left-padded prompt ids/mask of an epoch's prompts (`bucketed`); sets `prompts_truncated`."""
+        ids, mask, self.prompts_truncated = self.bucketed(examples)
+        return ids, mask
+
+    def bucketed(self, examples: list[Example], warn: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
+        """Left-padded prompt ids/mask, widened to a length bucket (one compiled train step per bucket), and how
+        many prompts were truncated (logged with `warn`)."""
         r = self.cfg.rollout
-        ids, mask, self.prompts_truncated = encode_rollout_prompts(self.tokenizer, examples, r, self.model_config)
+        ids, mask, truncated = encode_rollout_prompts(self.tokenizer, examples, r, self.model_config, warn=warn)
         room = self.model_config.max_position_embeddings - r.max_new_tokens
         length = max(ids.shape[1], min(bucket_length(ids.shape[1]), room))
-        return pad_left(ids, mask, length, self.tokenizer.pad_token_id)
+        return (*pad_left(ids, mask, length, self.tokenizer.pad_token_id), truncated)
 
     def prepare(self, upcoming: list[list[Example]]) -> None:
         """Queue the train-step programs of the coming epochs' prompt widths (`plan_programs`), made beside the
         current work. A multi-turn rollout's widths are known only once it ran (its programs are queued then)."""
         if self.agent is not None:
             return
-        truncated = self.prompts_truncated if hasattr(self, "prompts_truncated") else None
-        tokenization_log = logging.getLogger("jaxcore.hf.tokenization")
-        level = tokenization_log.level
-        tokenization_log.setLevel(logging.ERROR)         # a too-long prompt is warned about when its epoch runs
-        try:
-            for examples in upcoming:
-                ids, mask = self.encode(examples)
-                self.plan_programs(len(examples) * self.cfg.rollout.generations_per_prompt,
-                                   min(prompt_width(mask), ids.shape[1]), self.cfg.rollout.max_new_tokens)
-        finally:
-            tokenization_log.setLevel(level)
-            if truncated is not None:
-                self.prompts_truncated = truncated
+        for examples in upcoming:           # a too-long prompt is warned about when its epoch runs
+            ids, mask, _ = self.bucketed(examples, warn=False)
+            self.plan_programs(len(examples) * self.cfg.rollout.generations_per_prompt,
+                               min(prompt_width(mask), ids.shape[1]), self.cfg.rollout.max_new_tokens)
 
     def rollout(self, epoch: int, ids: np.ndarray, mask: np.ndarray) -> GenerationResult:
         """G sampled completions per prompt (prompt-major rows, sharded over the batch axes)."""

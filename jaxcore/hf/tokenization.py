@@ -32,9 +32,10 @@ class PromptLimit:
         return min(self.max_prompt_length or self.max_positions, self.max_positions - max_new_tokens)
 
 
-def limit_prompts(ids_BT: np.ndarray, mask_BT: np.ndarray, limit: PromptLimit, max_new_tokens: int
-                  ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Left-padded prompts cut from the left to fit (or refused); returns ids, mask, rows truncated.
+def limit_prompts(ids_BT: np.ndarray, mask_BT: np.ndarray, limit: PromptLimit, max_new_tokens: int, *,
+                  warn: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
+    """Left-padded prompts cut from the left to fit (or refused); returns ids, mask, rows truncated (with `warn`,
+    a truncation is also logged: off where the same prompts are encoded again later, e.g. ahead of their epoch).
 
     A prompt may keep `limit.prompt_tokens(max_new_tokens)` tokens: at most max_prompt_length, and
     leaving max_new_tokens positions. Raises `PromptLengthError` when max_new_tokens leaves no room
@@ -53,22 +54,23 @@ def limit_prompts(ids_BT: np.ndarray, mask_BT: np.ndarray, limit: PromptLimit, m
         if not limit.truncate:
             raise PromptLengthError(f"{truncated} prompt(s) longer than {what} (longest {int(lengths_B.max())} "
                                     "tokens); shorten them or enable prompt truncation")
-        log.warning("%d prompt(s) longer than %s (longest %d tokens): keeping their last %d tokens",
-                    truncated, what, int(lengths_B.max()), keep)
+        if warn:
+            log.warning("%d prompt(s) longer than %s (longest %d tokens): keeping their last %d tokens",
+                        truncated, what, int(lengths_B.max()), keep)
         ids_BT, mask_BT = ids_BT[:, -keep:], mask_BT[:, -keep:]     # left padding: real tokens are on the right
     return ids_BT, mask_BT, truncated
 
 
 def encode_prompts_limited(tokenizer: Any, prompts: Sequence[str], limit: PromptLimit, max_new_tokens: int, *,
-                           chat_template: bool = False, system: str | None = None, vocab_size: int | None = None
-                           ) -> tuple[np.ndarray, np.ndarray, int]:
+                           chat_template: bool = False, system: str | None = None, vocab_size: int | None = None,
+                           warn: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
     """`encode_prompts` then `limit_prompts`: ids, mask [B, T] and the number of prompts truncated. With
     `vocab_size` (the model's), a token the model has no embedding for is a one-line error (an embedding lookup
     would clamp it to the last row, silently)."""
     ids, mask = encode_prompts(tokenizer, prompts, chat_template=chat_template, system=system)
     if vocab_size is not None:
         check_token_ids(tokenizer, ids, mask, vocab_size)
-    return limit_prompts(ids, mask, limit, max_new_tokens)
+    return limit_prompts(ids, mask, limit, max_new_tokens, warn=warn)
 
 
 def check_token_ids(tokenizer: Any, ids_BT: np.ndarray, mask_BT: np.ndarray, vocab_size: int) -> None:

@@ -18,12 +18,14 @@ from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.config import RolloutConfig
 
 
-def encode_rollout_prompts(tokenizer: Any, examples: Sequence[Example], rollout: RolloutConfig, model_config: Any
-                           ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Left-padded prompt ids and mask [B, T] under the rollout's prompt limit, and how many were truncated."""
+def encode_rollout_prompts(tokenizer: Any, examples: Sequence[Example], rollout: RolloutConfig, model_config: Any,
+                           *, warn: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
+    """Left-padded prompt ids and mask [B, T] under the rollout's prompt limit, and how many were truncated
+    (`warn`: log a truncation; `limit_prompts`)."""
     return encode_prompts_limited(tokenizer, [e.prompt for e in examples], rollout_prompt_limit(rollout, model_config),
                                   rollout.max_new_tokens, chat_template=rollout.chat_template,
-                                  system=rollout.system_prompt, vocab_size=model_config.vocab_size)
+                                  system=rollout.system_prompt, vocab_size=model_config.vocab_size,
+                                  warn=warn)
 
 
 def sample(model: Any, ids: np.ndarray, mask: np.ndarray, rollout: RolloutConfig, *, key: jax.Array | None,

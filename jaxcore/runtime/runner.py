@@ -437,9 +437,10 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        tokenizer_dir: str | None, tools: Sequence[Any] = (),
                        environment_factory: Any = None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
-    for stale in Path(cfg.train.out_dir).glob(".final_hf.tmp-*"):   # an export stopped mid-write (this lock's run)
-        log.info("removing %s, left by an export that was stopped", stale)
-        remove_tree(stale)
+    stale = Path(cfg.train.out_dir).glob(".final_hf.tmp-*") if jax.process_index() == 0 else ()   # the exporter's
+    for copy_left in stale:                 # an export stopped mid-write: this out_dir's, under its lock
+        log.info("removing %s, left by an export that was stopped", copy_left)
+        remove_tree(copy_left)
     if (tools or environment_factory is not None) and not cfg.rollout.multi_turn:
         cfg = copy.copy(cfg)                # the caller's config stays as it was
         cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
