@@ -35,12 +35,13 @@ Array = jax.Array
 @dataclasses.dataclass
 class KVCache:
     """Preallocated keys [B, K, E, S] and values [B, K, S, E], one array each per layer, plus which slots hold
-    real tokens. Keys keep slots last so that a decode step's q @ k is a plain GEMM (no transposed operand:
-    XLA:CPU would transpose the whole key cache of every layer at every step)."""
+    real tokens and each slot's token position. Keys keep slots last so that a decode step's q @ k is a plain GEMM
+    (no transposed operand: XLA:CPU would transpose the whole key cache of every layer at every step)."""
 
     keys: list[Array]
     values: list[Array]
     valid_BS: Array           # bool: slot holds a real (non-padding) token
+    positions_BS: Array       # int32: the position of the token in each slot (sliding windows count positions)
 
     @classmethod
     def create(cls, config: ModelConfig, batch: int, length: int, dtype: Any) -> KVCache:
@@ -50,6 +51,7 @@ class KVCache:
             keys=[jnp.zeros(keys_shape, dtype) for _ in range(config.num_layers)],
             values=[jnp.zeros(values_shape, dtype) for _ in range(config.num_layers)],
             valid_BS=jnp.zeros((batch, length), bool),
+            positions_BS=jnp.zeros((batch, length), jnp.int32),
         )
 
     @property
@@ -355,8 +357,8 @@ class Transformer(nnx.Module):
         if positions_BT is None:
             positions_BT, positions_below = positions_from_mask(attention_mask_BT), input_ids_BT.shape[1]
         slot_T = jnp.arange(input_ids_BT.shape[1])
-        hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, self._masks(slot_T, slot_T, attention_mask_BT),
-                                    None, None, positions_below, logits_from)
+        masks = self._masks(slot_T, slot_T, attention_mask_BT, positions_BT, positions_BT)
+        hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, masks, None, None, positions_below, logits_from)
         return self.logits(hidden_BTD)
 
     def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
@@ -372,13 +374,16 @@ class Transformer(nnx.Module):
             raise TypeError("a scanned model has no KV-cache forward: decode with layer_stack.unrolled(model)")
         t = input_ids_BT.shape[1]
         valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, valid_BT.astype(bool), (0, cache_index))
-        masks = self._masks(cache_index + jnp.arange(t), jnp.arange(cache.length), valid_BS)
+        slot_positions_BS = jax.lax.dynamic_update_slice(cache.positions_BS, positions_BT.astype(jnp.int32),
+                                                         (0, cache_index))
+        masks = self._masks(cache_index + jnp.arange(t), jnp.arange(cache.length), valid_BS, positions_BT,
+                            slot_positions_BS)
         hidden_BTD, kv = self._trunk(input_ids_BT, positions_BT, masks,
                                      list(zip(cache.keys, cache.values)), cache_index, cache.length)
         if last_only:
             hidden_BTD = hidden_BTD[:, -1:]
         keys, values = (list(x) for x in zip(*kv))
-        return self.logits(hidden_BTD), KVCache(keys, values, valid_BS)
+        return self.logits(hidden_BTD), KVCache(keys, values, valid_BS, slot_positions_BS)
 
     def logits(self, hidden_BTD: Array) -> Array:
         """Final norm, LM head and (Gemma) soft-capping, in the compute dtype as HF does; returned in float32."""
@@ -389,15 +394,21 @@ class Transformer(nnx.Module):
             logits_BTV = jnp.tanh(logits_BTV / cap) * cap
         return logits_BTV.astype(jnp.float32)
 
-    def _masks(self, query_slot_T: Array, key_slot_S: Array, valid_BS: Array) -> dict[int | None, Array]:
+    def _masks(self, query_slot_T: Array, key_slot_S: Array, valid_BS: Array, query_position_BT: Array,
+               key_position_BS: Array) -> dict[int | None, Array]:
         """{window: mask_BTS} for every window the layers use (None: full causal attention).
 
-        A sliding layer's query at slot q sees keys at slots (q - window, q], as HF's sliding-window mask does;
-        slots, not positions, so that left padding counts as in HF (the padding is masked out anyway)."""
-        causal_TS = key_slot_S[None, :] <= query_slot_T[:, None]
+        Causality is by slot (a cache's slots are in the order the tokens came). A sliding layer's query at
+        position p sees the valid keys at positions (p - window, p]: the `window` tokens before it on its
+        contiguous sequence, as HF's mask gives on one row, even where a multi-turn cache leaves invalid slots
+        inside a row (after an early EOS, the left padding of an appended chunk)."""
+        causal_BTS = (key_slot_S[None, :] <= query_slot_T[:, None])[None] & valid_BS[:, None, :]
         windows = {window for window, _ in layer_kinds(self.config)}
-        return {w: (causal_TS if w is None else causal_TS & (key_slot_S[None, :] > query_slot_T[:, None] - w))[None]
-                & valid_BS[:, None, :] for w in windows}
+
+        def windowed(w: int) -> Array:
+            return causal_BTS & (key_position_BS[:, None, :] > query_position_BT[:, :, None] - w)
+
+        return {w: causal_BTS if w is None else windowed(w) for w in windows}
 
     def _trunk(self, input_ids_BT: Array, positions_BT: Array, masks: dict[int | None, Array],
                cache_kv: list[tuple[Array, Array]] | None, cache_index: Array | None,
