@@ -177,11 +177,25 @@ def decode_completions(tokenizer: Any, tokens_BN: Any, lengths_B: Any, *, skip_s
 
 
 def eos_token_ids(tokenizer: Any, hf_config: dict[str, Any] | None = None) -> tuple[int, ...]:
-    """EOS ids from the tokenizer, config.json and generation_config (all of them, deduplicated)."""
-    ids: list[int] = []
-    sources = [tokenizer.eos_token_id, (hf_config or {}).get("eos_token_id")]
-    for source in sources:
-        if source is None:
-            continue
-        ids.extend(source if isinstance(source, (list, tuple)) else [source])
-    return tuple(dict.fromkeys(int(i) for i in ids))
+    """The ids that end a completion, as TRL's GRPOTrainer takes them: the model's generation config's `eos_token_id`
+    (one id or a list; transformers' `generate` stops at each), after the tokenizer's EOS where it lacks it. That
+    config is generation_config.json in the tokenizer's directory (an HF model directory, or the tokenizer files a
+    jaxcore checkpoint keeps) where the file exists, else config.json's keys (`hf_config`), as transformers loads
+    it."""
+    generation = generation_config(tokenizer)
+    source = (generation if generation is not None else hf_config or {}).get("eos_token_id")
+    listed = source if isinstance(source, (list, tuple)) else [] if source is None else [source]
+    where = "generation_config.json" if generation is not None else "config.json"
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in listed):
+        raise CheckpointError(f"{where}: eos_token_id must be a token id or a list of them, got {source!r}")
+    ids = [int(i) for i in listed]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.insert(0, int(tokenizer.eos_token_id))
+    return tuple(dict.fromkeys(ids))
+
+
+def generation_config(tokenizer: Any) -> dict[str, Any] | None:
+    """generation_config.json beside the tokenizer's files, or None where there is none (or the tokenizer was not
+    loaded from a directory)."""
+    path = Path(getattr(tokenizer, "name_or_path", "") or "") / "generation_config.json"
+    return read_json_object(path) if path.is_file() else None
