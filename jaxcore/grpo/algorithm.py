@@ -225,7 +225,8 @@ class GRPOAlgorithm(Algorithm):
         tokens = tokens[:, :width]
         completion_mask = np.arange(width)[None, :] < lengths[:, None]
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
-                            self.eos_token_ids, None if tool_mask_BC is None else tool_mask_BC[:, :width])
+                            self.eos_token_ids, None if tool_mask_BC is None else tool_mask_BC[:, :width],
+                            pad_token_id=self.tokenizer.pad_token_id)
         if self.cfg.old_logp_source == "rollout":
             logprobs = np.where(completion_mask, rows.gather_rows(result.logprobs)[:, :width], 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))

@@ -70,11 +70,13 @@ class TrainState:
 
 
 def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, completion_mask_BC: Any,
-                advantages_B: Any, eos_token_ids: Sequence[int] = (), tool_mask_BC: Any = None) -> GRPOBatch:
+                advantages_B: Any, eos_token_ids: Sequence[int] = (), tool_mask_BC: Any = None, *,
+                pad_token_id: int | None = None) -> GRPOBatch:
     """Concatenate TRL-style prompt/completion arrays into a host-side `GRPOBatch`.
 
-    A completion is truncated when its last real token is not one of `eos_token_ids` (no EOS given:
-    nothing counts as truncated). `completion_mask_BC` is 1 up to and including the EOS. `tool_mask_BC`
+    A completion is truncated when its last real token is neither one of `eos_token_ids` nor `pad_token_id`
+    (TRL's `eos_and_pad`; no EOS given: nothing counts as truncated). `completion_mask_BC` is 1 up to and
+    including the EOS. `tool_mask_BC`
     (TRL's, from a multi-turn rollout) is 0 on the completion tokens the model did not generate (tool
     results): they stay attended to but leave the loss, as TRL's `completion_mask * tool_mask`.
     """
@@ -84,8 +86,8 @@ def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any,
     b, p = prompt_mask_BP.shape
     length_B = completion_mask_BC.sum(1)
     last_B = completion_ids_BC[np.arange(b), np.maximum(length_B - 1, 0)]
-    truncated_B = (length_B > 0) & ~np.isin(last_B, list(eos_token_ids)) if len(eos_token_ids) else \
-        np.zeros(b, bool)
+    ends = [*eos_token_ids, *([] if pad_token_id is None else [pad_token_id])]
+    truncated_B = (length_B > 0) & ~np.isin(last_B, ends) if len(eos_token_ids) else np.zeros(b, bool)
     trained_BC = completion_mask_BC if tool_mask_BC is None else completion_mask_BC * np.asarray(tool_mask_BC, np.int32)
     return GRPOBatch(
         input_ids_BT=np.concatenate([np.asarray(prompt_ids_BP, np.int32), completion_ids_BC], 1),
@@ -96,8 +98,9 @@ def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any,
 
 
 def rollout_metrics(batch: GRPOBatch) -> dict[str, float]:
-    """TRL's completion logs for one rollout, plus `rollout_tokens` (prompt + completion tokens; TRL's
-    `num_tokens` is their running sum)."""
+    """TRL's completion logs for one rollout, plus `rollout_tokens` (TRL's `num_tokens` is their running sum): the
+    prompt tokens and the completion tokens the model generated (a multi-turn episode's tool results left out, as
+    TRL counts `sum(tool_mask)`)."""
     length_B = np.asarray(batch.completion_mask_BL).sum(1)
     truncated_B = np.asarray(batch.truncated_B, bool)
     done_B = length_B[~truncated_B] if (~truncated_B).any() else np.zeros(1)
@@ -106,7 +109,8 @@ def rollout_metrics(batch: GRPOBatch) -> dict[str, float]:
             "completions/mean_terminated_length": float(done_B.mean()),
             "completions/min_terminated_length": float(done_B.min()),
             "completions/max_terminated_length": float(done_B.max()),
-            "rollout_tokens": float(np.asarray(batch.attention_mask_BT).sum())}
+            "rollout_tokens": float(np.asarray(batch.attention_mask_BT)[:, :batch.completion_start + 1].sum()
+                                    + length_B.sum())}
 
 
 # ----------------------------------------------------------------------------- loss of one batch

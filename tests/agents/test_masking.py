@@ -61,8 +61,12 @@ def test_tool_tokens_are_attended_but_out_of_the_loss(tiny_dir):
     assert float(batch_objective(model, batch.replace(old_logp_BL=moved), cfg)[0]) == float(loss)
     moved[0, p - 1 + 6] += 5.0
     assert float(batch_objective(model, batch.replace(old_logp_BL=moved), cfg)[0]) != float(loss)
-    # TRL counts only the model's tokens as the completion's length
-    assert rollout_metrics(batch)["completions/mean_length"] == trained.sum(1).mean()
+    # TRL counts only the model's tokens as the completion's length, and in num_tokens (prompt + sum(tool_mask))
+    metrics = rollout_metrics(batch)
+    assert metrics["completions/mean_length"] == trained.sum(1).mean()
+    prompt_mask = np.asarray(batch.attention_mask_BT)[:, :p]
+    trl_tokens = sum(int(prompt_mask[r].sum()) + int(tool_mask[r][completion_mask[r] == 1].sum()) for r in range(2))
+    assert metrics["rollout_tokens"] == trl_tokens == 19
 
 
 def test_dr_grpo_normalises_by_the_episode_length_as_trl(tiny_dir):

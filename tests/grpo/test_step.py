@@ -59,6 +59,10 @@ def test_build_batch_layout():
     m = rollout_metrics(b)
     assert (m["completions/mean_length"], m["completions/clipped_ratio"]) == (3.0, 0.5)
     assert m["completions/max_terminated_length"] == 2.0 and m["rollout_tokens"] == 11.0
+    # TRL's eos_and_pad: a completion that ends in the pad token (sampled as a real token) is not truncated
+    ends_in_pad = build_batch(prompt_ids, prompt_mask, completion_ids, completion_mask, [1.0, -1.0], (EOS_ID,),
+                              pad_token_id=14)
+    np.testing.assert_array_equal(ends_in_pad.truncated_B, [False, False])
 
 
 def test_policy_logps_match_completion_logprobs(path, batch):
