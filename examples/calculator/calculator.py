@@ -35,11 +35,9 @@ class CalculatorEnv:
 
 
 def correct_product(completions, answer, **kwargs):
-    """TRL reward: 1 when the last number of the episode's final answer (after the tool's result) is the product."""
+    """TRL reward: 1 when the last number of the model's final turn (the episode's last message) is the product."""
     rewards = []
     for completion, expected in zip(completions, answer):
-        text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
-        final = text.split("</tool_call>")[-1].split("assistant\n")[-1] if "</tool_call>" in text else text
-        numbers = re.findall(r"-?\d[\d,]*", final)
+        numbers = re.findall(r"-?\d[\d,]*", completion[-1]["content"])
         rewards.append(1.0 if numbers and numbers[-1].replace(",", "") == str(expected) else 0.0)
     return rewards

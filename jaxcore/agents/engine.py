@@ -15,7 +15,8 @@ conversation instead (the simple way, kept for the measurement in docs/examples.
 The completion of an episode is everything after the prompt: the generated tokens (`model_mask` 1) and the tokens
 the model did not generate (tool results, headers: `model_mask` 0, TRL's `tool_mask`, out of GRPO's loss and
 log-probs). `rollout.max_episode_tokens` bounds the completion: a turn is cut there, and tool results that would
-pass it are dropped and end the episode (TRL's rollback), counted as `episodes/hit_token_limit`.
+pass it are dropped and end the episode (TRL's rollback), counted as `episodes/hit_token_limit`. Reward functions get
+the completion as TRL's message list, `[assistant, tool, ..., assistant]` (`jaxcore.agents.messages`).
 
 Over several processes every process generates every row (one global batch), but each runs the environments and
 tools of its own rows only: the rows it owns (`parallel.rows.owned_rows`, the rows its reward functions score),
@@ -39,12 +40,12 @@ from flax import nnx
 
 from jaxcore.agents.calls import CallRunner, call_in_thread
 from jaxcore.agents.environments import Environments, public_methods, reset_kwargs, resolve_factories
+from jaxcore.agents.messages import assistant_message, turn_calls
 from jaxcore.agents.tools import (
     CALL_OPEN,
     Tool,
     describe_tools,
     load_tools,
-    parse_tool_calls,
     tool_name,
     tool_schema,
 )
@@ -193,6 +194,13 @@ class Episodes:
     prompts_truncated: int = 0
     # every row's environment instance (None for the rows another process runs); None without environments
     instances: list[Any] | None = None
+    # every row's completion as TRL's message list (`jaxcore.agents.messages`; empty for another process's rows)
+    messages: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+    def scoring(self) -> dict[str, Any]:
+        """What `runtime.rollout.score_rows` takes of the episodes besides their tokens: the environments' rewards,
+        the instances (TRL's `environments=`) and the completions' messages."""
+        return {"extra": self.env_rewards, "environments": self.instances, "messages": self.messages}
 
     def metrics(self) -> dict[str, float]:
         """Turn/tool/length statistics (TRL's tools/call_frequency and tools/failure_frequency among them)."""
@@ -290,6 +298,9 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
 
     completion: list[list[int]] = [[] for _ in range(b)]
     from_model: list[list[int]] = [[] for _ in range(b)]
+    messages: list[list[dict[str, Any]]] = [[] for _ in range(b)]
+    schemas = [agent.schemas(inst) for inst in instances]     # another process's rows: the standalone tools'
+
     logprobs: list[list[float]] = [[] for _ in range(b)]
     active = np.ones(b, bool)
     ended_with_eos = np.zeros(b, bool)
@@ -324,6 +335,10 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
             n = int(lengths_B[r])
             keep = min(n, budget - len(completion[r]))
             generated = tokens_BN[r, :keep].tolist()
+            message = assistant_message(tokenizer, generated, prompts[r] + completion[r], schemas[r]) \
+                if generated else None              # (TRL: a turn cut to nothing adds no message)
+            if owned_B[r] and message is not None:
+                messages[r].append(message)
             completion[r] += generated
             from_model[r] += [1] * keep
             logprobs[r] += logp_BN[r, :keep].tolist()
@@ -333,8 +348,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
                 active[r], hit_limit_B[r] = False, keep < n
                 continue
             ended_with_eos[r] = True
-            text = tokenizer.decode(generated[:-1], skip_special_tokens=False)
-            calls = parse_tool_calls(text)
+            calls = turn_calls(tokenizer, message, generated)
             if not calls or (agent.max_iterations is not None and rounds_B[r] >= agent.max_iterations):
                 active[r] = False
                 continue
@@ -352,6 +366,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
             else:
                 feeds[r] = outcome.suffix
         for r, suffix in feeds.items():
+            messages[r] += ran[r].messages if r in ran else []
             completion[r] += suffix
             from_model[r] += [0] * len(suffix)
             logprobs[r] += [0.0] * len(suffix)
@@ -394,13 +409,14 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     result = GenerationResult(place(tokens_BE), place(logp_BE), place(lengths), place(ended_with_eos))
     prompt_ids, prompt_mask = _left_pad(prompts, ids_BT.shape[1], pad_token_id)
     return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, env_rewards, env_failures, calls_B,
-                    failures_B, turns_B, hit_limit_B, truncated, instances if envs is not None else None)
+                    failures_B, turns_B, hit_limit_B, truncated, instances if envs is not None else None, messages)
 
 
 @dataclasses.dataclass
 class _Outcome:
     """How one row's tool calls of a turn went: the calls, the failed ones, and whether the episode goes on
-    (`suffix`: the token ids appended) or ends."""
+    (`suffix`: the token ids appended; `messages`: the tool messages they render, kept by the process that ran
+    them) or ends."""
 
     GOES_ON, HIT_LIMIT, ABANDONED = 0, 1, 2
 
@@ -408,6 +424,7 @@ class _Outcome:
     failures: int
     end: int = GOES_ON
     suffix: list[int] = dataclasses.field(default_factory=list)
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _run_calls(agent: Agent, tokenizer: Any, pending: dict[int, list[Any]], instances: list[Any],
@@ -428,8 +445,8 @@ def _run_calls(agent: Agent, tokenizer: Any, pending: dict[int, list[Any]], inst
                                         for k, v in agent.environments.pools.items()}
             outcome.end = _Outcome.ABANDONED
             continue
-        messages = [{"role": "tool", "name": res.name, "content": res.content} for res in row_results]
-        outcome.suffix = agent.suffix_ids(tokenizer, messages)
+        outcome.messages = [{"role": "tool", "name": res.name, "content": res.content} for res in row_results]
+        outcome.suffix = agent.suffix_ids(tokenizer, outcome.messages)
         if len(completion[r]) + len(outcome.suffix) > budget:
             outcome.end, outcome.suffix = _Outcome.HIT_LIMIT, []
     return outcomes

@@ -196,8 +196,7 @@ class EggrollAlgorithm(Algorithm):
             if self.agent is None:
                 scores = score_rows(result, row_examples, self.tokenizer, scorer)
             else:
-                scores = score_rows(result, row_examples, self.tokenizer, scorer, extra=episodes.env_rewards,
-                                    environments=episodes.instances)
+                scores = score_rows(result, row_examples, self.tokenizer, scorer, **episodes.scoring())
             rewards = scores.rewards_B.reshape(n, p, g)
             fitness_N = member_fitness(rewards, es.shaping)
         metrics: dict[str, Any] = {

@@ -208,8 +208,7 @@ class GRPOAlgorithm(Algorithm):
         rewards), rewards combined by `advantage_rewards`."""
         return score_rows(result, row_examples, self.tokenizer, scorer,
                           combined=lambda scores: advantage_rewards(scores, scorer.fallback),
-                          extra=None if episodes is None else episodes.env_rewards,
-                          environments=None if episodes is None else episodes.instances)
+                          **({} if episodes is None else episodes.scoring()))
 
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray,
                    tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:

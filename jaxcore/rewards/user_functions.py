@@ -7,10 +7,11 @@ A TRL reward function is any callable
 where `columns` are every dataset column other than the prompt, as lists with one item per
 completion, and None means "not applicable to this sample". For conversational prompts (a list
 of {"role", "content"} messages) each completion is passed as [{"role": "assistant", "content": text}],
-as TRL does. TRL's trainer-only keywords (`trainer_state`, `log_extra`, `log_metric`) are not passed. In a
-multi-turn rollout a function whose signature names `environments` gets TRL's `environments=`: the rows'
-environment instances, one per completion in the completions' order, after their episodes (called in the
-trainer's process, where the instances live: `jaxcore.rewards.scoring`).
+as TRL does; a multi-turn episode's as its message list, `[assistant, tool, ..., assistant]` (TRL's, whatever
+the prompt: the model saw a conversation). TRL's trainer-only keywords (`trainer_state`, `log_extra`,
+`log_metric`) are not passed. In a multi-turn rollout a function whose signature names `environments` gets TRL's
+`environments=`: the rows' environment instances, one per completion in the completions' order, after their
+episodes (called in the trainer's process, where the instances live: `jaxcore.rewards.scoring`).
 
 A spec names the function: `"my_rewards.py:brevity"` (a file; a relative path is relative to the
 current directory), `"mypkg.scoring:judge"` (a module; the current directory is searched after the
@@ -62,17 +63,21 @@ logger = logging.getLogger("jaxcore.rewards")
 
 
 class Completion(str):
-    """A completion's text that also carries its token ids (`.ids`), for TRL's `completion_ids`."""
+    """A completion's text that also carries its token ids (`.ids`, TRL's `completion_ids`) and, for a multi-turn
+    episode, its messages (`.messages`: `[assistant, tool, ..., assistant]`, what TRL passes as the completion)."""
 
     ids: tuple[int, ...] = ()
+    messages: list[dict[str, Any]] | None = None
 
-    def __new__(cls, text: str, ids: Sequence[int] = ()) -> Completion:
+    def __new__(cls, text: str, ids: Sequence[int] = (), messages: list[dict[str, Any]] | None = None
+                ) -> Completion:
         obj = super().__new__(cls, text)
         obj.ids = tuple(int(i) for i in ids)
+        obj.messages = messages
         return obj
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Completion, (str(self), self.ids)
+        return Completion, (str(self), self.ids, self.messages)
 
 
 def is_conversation(prompt: Any) -> bool:
@@ -205,14 +210,22 @@ class TRLReward(ImportedBySpec):
         the dataset: the next epoch, a resumed run and a worker process would see other data), awaited when it is
         a coroutine function (TRL accepts async reward functions)."""
         prompts = _copied([e.prompt for e in examples])
-        texts = [[{"role": "assistant", "content": str(c)}] if is_conversation(e.prompt) else str(c)
-                 for c, e in zip(completions, examples)]
+        texts = [_copied(as_trl_completion(c, e)) for c, e in zip(completions, examples)]
         keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in TRL_KEYWORDS)])
         columns = _copied({key: [e.columns.get(key) for e in examples] for key in keys})
         ids = [list(getattr(c, "ids", ())) for c in completions]
         if environments is not None:
             columns[ENVIRONMENTS] = list(environments)          # live instances, read in place (as TRL passes them)
         return resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns))
+
+
+def as_trl_completion(completion: str, example: Example) -> str | list[dict[str, Any]]:
+    """A completion as TRL passes it to a reward function: a multi-turn episode's message list; for a
+    conversational prompt `[{"role": "assistant", "content": text}]`; else the text."""
+    messages = getattr(completion, "messages", None)
+    if messages is not None:
+        return messages
+    return [{"role": "assistant", "content": str(completion)}] if is_conversation(example.prompt) else str(completion)
 
 
 def _copied(rows: Any) -> Any:
@@ -277,11 +290,13 @@ class RewardModel:
         _, tokenizer = self.load()
         out = []
         for completion, example in zip(completions, examples):
-            if is_conversation(example.prompt):
-                messages = [*example.prompt, {"role": "assistant", "content": str(completion)}]
-                out.append(tokenizer.apply_chat_template(messages, tokenize=False))
+            trl_completion = as_trl_completion(completion, example)
+            if isinstance(trl_completion, list):
+                prompt = example.prompt if is_conversation(example.prompt) else [
+                    {"role": "user", "content": str(example.prompt)}]
+                out.append(tokenizer.apply_chat_template([*prompt, *trl_completion], tokenize=False))
             else:
-                out.append(example.prompt + str(completion))
+                out.append(example.prompt + trl_completion)
         return out
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example]) -> list[float]:

@@ -97,8 +97,7 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
             episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=None, eos_token_ids=eos_token_ids,
                                     pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
             result = episodes.result
-            scores = score_rows(result, rows, tokenizer, scorer, extra=episodes.env_rewards,
-                                environments=episodes.instances)
+            scores = score_rows(result, rows, tokenizer, scorer, **episodes.scoring())
             episode_metrics.append(episodes.metrics())
         rewards.append(scores.rewards_B[:count])
         for name, values in scores.per_function.items():

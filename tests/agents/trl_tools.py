@@ -100,8 +100,9 @@ class IncrementEnv:
 
 
 def said_done(completions, **kwargs):
-    """A TRL reward function: 1 when the episode ends saying done."""
-    return [1.0 if str(c).rstrip().endswith("done") else 0.0 for c in completions]
+    """A TRL reward function: 1 when the episode ends saying done (its last message; a text completion's end)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [1.0 if t.rstrip().endswith("done") else 0.0 for t in texts]
 
 
 def counted(environments, **kwargs):
