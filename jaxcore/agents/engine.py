@@ -118,10 +118,8 @@ class Agent:
         message (as TRL does), the tools described natively or in the system prompt."""
         if not getattr(tokenizer, "chat_template", None):
             raise TaskError("tools and environments need a tokenizer with a chat_template (tool messages are turns)")
-        messages = [dict(m) for m in example.prompt] if is_conversation(example.prompt) else \
-            [{"role": "user", "content": str(example.prompt)}]
-        if isinstance(observation, str):
-            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + observation}
+        prompt = observed_prompt(example.prompt, observation)
+        messages = [dict(m) for m in prompt] if is_conversation(prompt) else [{"role": "user", "content": str(prompt)}]
         schemas = self.schemas(instance)
         native = bool(schemas) and self.native_format(tokenizer, schemas)
         if schemas and not native:
@@ -155,6 +153,16 @@ class Agent:
         if instance is not None:
             out.update({tool_name(m): m for m in public_methods(instance)})
         return out
+
+
+def observed_prompt(prompt: Any, observation: Any) -> Any:
+    """A row's prompt with its environment's `reset()` text appended to the last user message, as TRL rebuilds it
+    (the prompt the model sees and the reward functions get); unchanged for any other observation."""
+    if not isinstance(observation, str):
+        return prompt
+    if not is_conversation(prompt):
+        return str(prompt) + observation
+    return [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + observation}]
 
 
 def build_agent(rollout: Any, rewards: Any, *, tools: Sequence[Any] = (), environment_factory: Any = None,
@@ -196,11 +204,14 @@ class Episodes:
     instances: list[Any] | None = None
     # every row's completion as TRL's message list (`jaxcore.agents.messages`; empty for another process's rows)
     messages: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
+    # every row's prompt with its reset() text, as TRL passes it to the reward functions (own rows; others as given)
+    reward_prompts: list[Any] = dataclasses.field(default_factory=list)
 
     def scoring(self) -> dict[str, Any]:
         """What `runtime.rollout.score_rows` takes of the episodes besides their tokens: the environments' rewards,
-        the instances (TRL's `environments=`) and the completions' messages."""
-        return {"extra": self.env_rewards, "environments": self.instances, "messages": self.messages}
+        the instances (TRL's `environments=`), the completions' messages and the prompts as the model saw them."""
+        return {"extra": self.env_rewards, "environments": self.instances, "messages": self.messages,
+                "prompts": self.reward_prompts}
 
     def metrics(self) -> dict[str, float]:
         """Turn/tool/length statistics (TRL's tools/call_frequency and tools/failure_frequency among them)."""
@@ -272,10 +283,12 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     owned_B = owned_row_mask(b, row_sharding)
     instances = envs.instances(examples, owned_B) if envs is not None else [None] * b
     texts = {}
+    reward_prompts = [e.prompt for e in examples]
     for r in np.flatnonzero(owned_B):
         inst, example = instances[r], examples[r]
         observation = inst.reset(**reset_kwargs(example, envs.named)) if inst is not None else None
         texts[r] = agent.prompt_text(tokenizer, example, observation, inst, rollout.system_prompt)
+        reward_prompts[r] = observed_prompt(example.prompt, observation)
     encoded: list[list[int]] = [[] for _ in range(b)]
     if texts:
         for r, ids in zip(texts, tokenizer(list(texts.values()), add_special_tokens=False)["input_ids"]):
@@ -409,7 +422,8 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     result = GenerationResult(place(tokens_BE), place(logp_BE), place(lengths), place(ended_with_eos))
     prompt_ids, prompt_mask = _left_pad(prompts, ids_BT.shape[1], pad_token_id)
     return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, env_rewards, env_failures, calls_B,
-                    failures_B, turns_B, hit_limit_B, truncated, instances if envs is not None else None, messages)
+                    failures_B, turns_B, hit_limit_B, truncated, instances if envs is not None else None, messages,
+                    reward_prompts)
 
 
 @dataclasses.dataclass

@@ -153,3 +153,33 @@ def test_a_reward_reads_the_last_turn_not_the_tools_output(path, plain_tokenizer
         scores = score_rows(episodes.result, [EXAMPLE] * 2, tokenizer, scorer, **episodes.scoring())
     assert scores.per_function["says_answer"].tolist() == [0.0, 0.0]       # "5" is only in the tool's output
     assert seen[2:] == [expected, expected]
+
+
+def test_reward_functions_get_the_prompt_with_the_environments_reset_text(path, plain_tokenizer):
+    """TRL appends reset()'s text to the prompt's last message and hands the reward functions that prompt; the
+    dataset's row is left as it was."""
+    from jaxcore.agents.environments import Environments, resolve_factories
+
+    tokenizer = plain_tokenizer
+    agent = Agent(environments=Environments(resolve_factories(trl_tools.IncrementEnv)), max_episode_tokens=160)
+    instance = trl_tools.IncrementEnv()
+    prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", "done")], instance=instance,
+                                            observation=instance.reset())
+    model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
+    rows = [EXAMPLE, Example("Count.", answer=0, columns={"answer": 0})]
+    episodes = run_episodes(agent, model, tokenizer, rows, RolloutConfig(max_new_tokens=40, temperature=1.0),
+                            key=jax.random.key(0), eos_token_ids=(tokenizer.eos_token_id,),
+                            pad_token_id=tokenizer.pad_token_id)
+    seen = []
+
+    def reads_prompts(prompts, completions, **kwargs):
+        seen.extend(prompts)
+        return [0.0] * len(prompts)
+
+    fns, weights = resolve_rewards([reads_prompts])
+    with Scorer(fns, weights) as scorer:
+        score_rows(episodes.result, rows, tokenizer, scorer, **episodes.scoring())
+    observation = " The counter starts at 0."
+    trl_prompt = EXAMPLE.prompt[:-1] + [{**EXAMPLE.prompt[-1], "content": EXAMPLE.prompt[-1]["content"] + observation}]
+    assert seen == [trl_prompt, "Count." + observation]
+    assert EXAMPLE.prompt[-1]["content"] == "What is 2 + 3?"
