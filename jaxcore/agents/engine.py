@@ -284,11 +284,16 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     instances = envs.instances(examples, owned_B) if envs is not None else [None] * b
     texts = {}
     reward_prompts = [e.prompt for e in examples]
+    broken_B = np.zeros(b, bool)            # the row's environment could not be built or reset: its episode fails
     for r in np.flatnonzero(owned_B):
-        inst, example = instances[r], examples[r]
-        observation = inst.reset(**reset_kwargs(example, envs.named)) if inst is not None else None
-        texts[r] = agent.prompt_text(tokenizer, example, observation, inst, rollout.system_prompt)
+        example, observation = examples[r], None
+        if envs is not None:
+            observation, broken_B[r] = _reset(agent, instances[r], example, r)
+            instances[r] = None if broken_B[r] else instances[r]
+        texts[r] = agent.prompt_text(tokenizer, example, observation, instances[r], rollout.system_prompt)
         reward_prompts[r] = observed_prompt(example.prompt, observation)
+    if jax.process_count() > 1:
+        broken_B = allgather_sum(broken_B.astype(np.int32)) > 0
     encoded: list[list[int]] = [[] for _ in range(b)]
     if texts:
         for r, ids in zip(texts, tokenizer(list(texts.values()), add_special_tokens=False)["input_ids"]):
@@ -315,10 +320,10 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     schemas = [agent.schemas(inst) for inst in instances]     # another process's rows: the standalone tools'
 
     logprobs: list[list[float]] = [[] for _ in range(b)]
-    active = np.ones(b, bool)
+    active = ~broken_B                      # a broken row waits from the start: an empty completion
     ended_with_eos = np.zeros(b, bool)
     calls_B, failures_B, turns_B = (np.zeros(b, np.int64) for _ in range(3))
-    rounds_B, hit_limit_B, abandoned = np.zeros(b, np.int64), np.zeros(b, bool), np.zeros(b, bool)
+    rounds_B, hit_limit_B, abandoned = np.zeros(b, np.int64), np.zeros(b, bool), broken_B.copy()
     forced_eos_V = np.full(model.config.vocab_size, -1e9, np.float32)
     forced_eos_V[eos[0] if eos else pad_token_id] = 0.0
 
@@ -410,7 +415,9 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
         log.warning("%d of %d episodes reached rollout.max_episode_tokens=%d (a turn cut there, or tool results "
                     "dropped); raise it or lower rollout.max_tool_calling_iterations", int(hit_limit_B.sum()), b,
                     budget)
-    env_rewards, env_failures = _env_rewards(agent, instances, abandoned)
+    classes = [envs.classes[envs.name_of(e)] if envs is not None and owned else None
+               for e, owned in zip(examples, owned_B)]
+    env_rewards, env_failures = _env_rewards(agent, instances, classes, abandoned)
     env_failures = dict(zip(env_failures, allgather_sum(np.array(list(env_failures.values()), np.int64)).tolist()))
     tokens_BE = np.full((b, budget), pad_token_id, np.int32)
     logp_BE = np.zeros((b, budget), np.float32)
@@ -455,8 +462,7 @@ def _run_calls(agent: Agent, tokenizer: Any, pending: dict[int, list[Any]], inst
     for r, row_results in by_row.items():
         outcome = outcomes[r] = _Outcome(len(row_results), sum(not res.ok for res in row_results))
         if any(res.hung for res in row_results) and instances[r] is not None:
-            agent.environments.pools = {k: [i for i in v if i is not instances[r]]
-                                        for k, v in agent.environments.pools.items()}
+            agent.environments.drop(instances[r])
             outcome.end = _Outcome.ABANDONED
             continue
         outcome.messages = [{"role": "tool", "name": res.name, "content": res.content} for res in row_results]
@@ -482,16 +488,31 @@ def _share_outcomes(outcomes: dict[int, _Outcome], owned_B: np.ndarray) -> dict[
             for r, (ran, calls, failures, end) in enumerate(counts_B4) if ran}
 
 
-def _env_rewards(agent: Agent, instances: list[Any], abandoned: np.ndarray
+def _reset(agent: Agent, instance: Any, example: Example, row: int) -> tuple[Any, bool]:
+    """`instance.reset(**row)` under the call timeout: (its observation, whether the row's environment failed). A
+    row whose instance could not be built (None) failed; an instance whose reset raised or hung is logged and never
+    used again."""
+    if instance is None:
+        return None, True
+    ok, value, _ = call_in_thread(instance.reset, reset_kwargs(example, agent.environments.named), agent.timeout_s)
+    if ok:
+        return value, False
+    log.warning("%s.reset failed for row %d: %s; its episode fails (counted)", type(instance).__name__, row, value)
+    agent.environments.drop(instance)
+    return None, True
+
+
+def _env_rewards(agent: Agent, instances: list[Any], classes: list[type | None], abandoned: np.ndarray
                  ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """`get_reward()` of every row's instance per environment class that defines it (NaN elsewhere; a failing or
-    hanging call, or an instance dropped after a hung tool (`abandoned`), is NaN too, counted)."""
+    hanging call, an instance dropped after a hung tool or a failed reset or construction (`abandoned`), is NaN
+    too, counted). `classes`: the class each of this process's rows builds (None for another process's rows)."""
     rewards, failures = {}, {}
     for name, cls in (agent.environments.reward_classes.items() if agent.environments else ()):
         values = np.full(len(instances), np.nan)
         failed = 0
         for r, inst in enumerate(instances):
-            if type(inst) is not cls:
+            if classes[r] is not cls:
                 continue
             if abandoned[r]:
                 failed += 1

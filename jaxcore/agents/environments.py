@@ -11,6 +11,7 @@ a row's instance lives on the process that owns the row (`jaxcore.agents.engine`
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,7 +20,9 @@ from jaxcore.agents.tools import tool_schema
 from jaxcore.errors import TaskError
 from jaxcore.rewards.types import Example
 from jaxcore.rewards.user_functions import import_function
+from jaxcore.rewards.workers import one_line
 
+log = logging.getLogger(__name__)
 Factory = Callable[[], Any]
 ENVIRONMENT_COLUMN = "environment"
 RESERVED = ("reset", "get_reward")
@@ -60,10 +63,14 @@ class Environments:
         self.pools: dict[str | None, list[Any]] = {}
         self.reward_classes: dict[str, type] = {}       # class name -> class, for classes with get_reward
         self.schemas: dict[str | None, list[dict[str, Any]]] = {}
+        self.classes: dict[str | None, type] = {}        # name -> the class its factory builds
         for name, factory in self.factories.items():
-            instance = factory()
-            cls = type(instance)
             where = f"environment {name!r}" if name is not None else "environment_factory"
+            try:
+                instance = factory()
+            except Exception as err:  # noqa: BLE001 -- the user's constructor: one line, before any work
+                raise TaskError(f"{where}: building an instance raised {one_line(err)}") from None
+            cls = self.classes[name] = type(instance)
             if not callable(getattr(instance, "reset", None)):
                 raise TaskError(f"{where}: {cls.__name__} has no reset method (TRL's environments define "
                                 "reset(**row))")
@@ -91,8 +98,9 @@ class Environments:
 
     def instances(self, examples: Sequence[Example], rows: Sequence[bool] | None = None) -> list[Any]:
         """One instance per row, drawn from the pool (grown when a batch needs more); with `rows` (a flag per
-        example), only for the flagged rows (None elsewhere: another process runs them). Every row's
-        environment name is checked, so that a bad one fails on every process alike."""
+        example), only for the flagged rows (None elsewhere: another process runs them; and where building a new
+        instance raised, logged: that row's episode fails, counted). Every row's environment name is checked, so
+        that a bad one fails on every process alike."""
         cursor: dict[str | None, int] = {}
         out = []
         for i, example in enumerate(examples):
@@ -102,10 +110,20 @@ class Environments:
                 continue
             pool, index = self.pools[name], cursor.get(name, 0)
             if index == len(pool):
-                pool.append(self.factories[name]())
+                try:
+                    pool.append(self.factories[name]())
+                except Exception as err:  # noqa: BLE001 -- the user's constructor: this row's episode fails
+                    log.warning("building an instance of %s raised %s: row %d's episode fails",
+                                self.classes[name].__name__, one_line(err), i)
+                    out.append(None)
+                    continue
             cursor[name] = index + 1
             out.append(pool[index])
         return out
+
+    def drop(self, instance: Any) -> None:
+        """Never hand out `instance` again (its reset or a tool call hung or raised: its state is unknown)."""
+        self.pools = {name: [i for i in pool if i is not instance] for name, pool in self.pools.items()}
 
 
 def reset_kwargs(example: Example, named: bool) -> dict[str, Any]:

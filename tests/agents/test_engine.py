@@ -5,6 +5,7 @@ environments per row, the episode token limit, and the KV cache kept across turn
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -230,3 +231,50 @@ def test_the_kept_kv_cache_gives_the_log_probs_of_a_whole_forward_pass(path, tok
     model_tokens = np.array(mask) == 1
     np.testing.assert_allclose(logprobs[model_tokens], full[model_tokens], atol=2e-5)
     assert np.ptp(logprobs[model_tokens]) > 1e-4            # the context matters: a wrong cache would show
+
+
+class TroubledEnv(trl_tools.IncrementEnv):
+    """IncrementEnv whose reset raises or hangs for some questions, and whose constructor fails past `limit`
+    instances (a sandbox service out of capacity)."""
+
+    built, limit = 0, 99
+
+    def __init__(self):
+        type(self).built += 1
+        if type(self).built > type(self).limit:
+            raise RuntimeError("no sandbox left")
+
+    def reset(self, **kwargs) -> str | None:
+        if kwargs["prompt"].endswith("."):
+            raise RuntimeError("sandbox down")
+        if kwargs["prompt"].endswith(";"):
+            time.sleep(30)
+        return super().reset(**kwargs)
+
+
+def test_an_environment_that_fails_to_build_or_reset_fails_its_row_only(path, tokenizer, caplog):
+    """A reset that raises or hangs past the call timeout, or a constructor that raises when the pool grows: that
+    row's episode is empty and its environment reward a counted failure; the other rows run as usual. A
+    constructor that raises when the run starts is one line."""
+    TroubledEnv.built, TroubledEnv.limit = 0, 3           # the run's first instance (row 0), rows 1-2; row 3 fails
+    envs = Environments(resolve_factories(TroubledEnv))
+    agent = Agent(environments=envs, max_episode_tokens=160, timeout_s=1.0)
+    call = '<tool_call>{"name": "increment", "arguments": {"step": 2}}</tool_call>'
+    instance = trl_tools.IncrementEnv()
+    prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", call), ("tool", [("increment", "2")]),
+                                                               ("model", "done")],
+                                   instance=instance, observation=instance.reset())
+    model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
+    rows = [EXAMPLE, Example("What is 2 + 3.", answer=5), Example("What is 2 + 3;", answer=5), EXAMPLE]
+    began = time.monotonic()
+    episodes = roll(agent, model, tokenizer, rows)
+    assert time.monotonic() - began < 25                      # the hung reset was given up after the timeout
+    assert episode_tokens(episodes, 0)[0] == episode
+    assert np.asarray(episodes.result.lengths)[1:].tolist() == [0, 0, 0]
+    assert episodes.env_rewards["TroubledEnv"][0] == 2.0 and np.isnan(episodes.env_rewards["TroubledEnv"][1:]).all()
+    assert episodes.env_reward_failures == {"TroubledEnv": 3}
+    assert "sandbox down" in caplog.text and "timed out" in caplog.text and "no sandbox left" in caplog.text
+    TroubledEnv.built, TroubledEnv.limit = 0, 0
+    with pytest.raises(TaskError, match=r"^environment_factory: building an instance raised RuntimeError: no sandbox "
+                                        r"left$"):
+        Environments(resolve_factories(TroubledEnv))
