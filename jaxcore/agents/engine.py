@@ -88,6 +88,7 @@ class Agent:
         self.timeout_s = timeout_s
         self.runner = CallRunner(self.tools, timeout_s, num_workers)
         self._native: dict[int, bool] = {}
+        self._longest_token: dict[int, int] = {}
 
     def close(self) -> None:
         self.runner.close()
@@ -146,6 +147,15 @@ class Agent:
         if list(full[:len(prefix)]) != list(prefix):
             raise TaskError("the chat template is not prefix-preserving: tool results cannot be appended to a turn")
         return list(full[len(prefix):])
+
+    def surely_longer(self, tokenizer: Any, messages: list[dict[str, str]], room: int) -> bool:
+        """Whether tool messages surely take more than `room` tokens, known from their UTF-8 bytes (no token holds
+        more than 4 bytes per character of the tokenizer's longest token) without templating and tokenizing them:
+        a megabytes-long result ends its episode at once."""
+        if id(tokenizer) not in self._longest_token:
+            self._longest_token[id(tokenizer)] = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        size = sum(len(str(m["content"]).encode("utf-8", "surrogatepass")) for m in messages)
+        return size > 4 * self._longest_token[id(tokenizer)] * room
 
     def tools_of(self, instance: Any) -> dict[str, Any]:
         """The tools a row may call, by name: the standalone ones and its environment's methods."""
@@ -466,6 +476,9 @@ def _run_calls(agent: Agent, tokenizer: Any, pending: dict[int, list[Any]], inst
             outcome.end = _Outcome.ABANDONED
             continue
         outcome.messages = [{"role": "tool", "name": res.name, "content": res.content} for res in row_results]
+        if agent.surely_longer(tokenizer, outcome.messages, budget - len(completion[r])):
+            outcome.end, outcome.messages = _Outcome.HIT_LIMIT, []
+            continue
         outcome.suffix = agent.suffix_ids(tokenizer, outcome.messages)
         if len(completion[r]) + len(outcome.suffix) > budget:
             outcome.end, outcome.suffix = _Outcome.HIT_LIMIT, []

@@ -207,6 +207,24 @@ def test_the_episode_token_limit_drops_results_that_do_not_fit(path, tokenizer, 
     assert "2 of 2 episodes reached rollout.max_episode_tokens=80" in caplog.text
 
 
+def test_a_result_far_past_the_episode_limit_ends_it_untokenized(path, tokenizer, monkeypatch):
+    """A 20 MB tool result is known to overflow the episode from its size: the episode ends (TRL's rollback)
+    without the result being chat-templated and tokenized."""
+    agent = Agent(load_tools([trl_tools.huge]), max_episode_tokens=120)
+    call = '<tool_call>{"name": "huge", "arguments": {"x": 1}}</tool_call>'
+    prompt, episode, written = conversation(agent, tokenizer, EXAMPLE, [("model", call), ("tool", [("huge", "7")]),
+                                                               ("model", "5")])
+    model = scripted_model(path, prompt, episode, written, tokenizer.eos_token_id)
+    rendered = []
+    real = Agent.suffix_ids
+    monkeypatch.setattr(Agent, "suffix_ids", staticmethod(
+        lambda tokenizer, messages: rendered.append(len(messages[0]["content"])) or real(tokenizer, messages)))
+    episodes = roll(agent, model, tokenizer, [EXAMPLE], max_new_tokens=80)
+    assert episodes.hit_limit_B.tolist() == [True]
+    assert episode_tokens(episodes, 0)[0] == episode[:len(tokenizer(call)["input_ids"]) + 1]
+    assert rendered == []
+
+
 def test_the_kept_kv_cache_gives_the_log_probs_of_a_whole_forward_pass(path, tokenizer):
     """With attention on (the logits depend on the context a little), the episode's log-probs with the cache
     kept across turns equal those of re-prefilling every turn and those of one forward pass over the episode."""

@@ -108,3 +108,12 @@ def said_done(completions, **kwargs):
 def counted(environments, **kwargs):
     """A TRL reward function reading the episodes' environments (TRL's `environments=`): each one's counter."""
     return [float(env.counter) for env in environments]
+
+
+def huge(x: int) -> str:
+    """A tool whose result is 20 MB of text.
+
+    Args:
+        x: Any integer.
+    """
+    return "7" * 20_000_000
