@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import struct
 from pathlib import Path
 
 from jaxcore.hf.convert import CheckpointError, atomic_directory
@@ -48,6 +49,8 @@ def load_gguf(gguf_file: str | os.PathLike) -> tuple[object, object]:
     except NotImplementedError as err:                  # gguf's "Dequantization for Q8_K is not yet implemented"
         what = "a tensor type transformers cannot dequantize" if "quantiz" in str(err).lower() else "not supported"
         raise CheckpointError(f"{path}: transformers cannot read this GGUF: {what} ({_first_line(err)})") from err
+    except struct.error as err:                         # gguf's reader ran past the end of the file's bytes
+        raise CheckpointError(f"{path}: the GGUF file ends early or is corrupt ({_first_line(err)})") from err
     except (ValueError, KeyError, OSError, RuntimeError) as err:
         raise CheckpointError(f"{path}: transformers cannot read this GGUF ({_first_line(err)})") from err
     finally:

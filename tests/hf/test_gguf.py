@@ -98,14 +98,21 @@ def write_gguf(path: Path, arch: str) -> None:
     ("missing", "GGUF file not found"),
     ("not_gguf", "transformers cannot read this GGUF"),
     ("mamba_arch", "transformers cannot read this GGUF"),
+    ("cut_in_magic", "the GGUF file ends early or is corrupt"),
+    ("cut_in_metadata", "the GGUF file ends early or is corrupt"),
+    ("cut_in_tensors", "transformers cannot read this GGUF"),
 ])
 def test_bad_gguf_is_one_line(tmp_path, capsys, case, message):
-    smollm2_gguf()                                          # gguf is installed
+    real = smollm2_gguf()                                   # gguf is installed
     path = tmp_path / f"{case}.gguf"
     if case == "not_gguf":
         path.write_text("not a gguf file")
     elif case == "mamba_arch":
         write_gguf(path, "mamba")
+    elif case.startswith("cut_"):                          # the real file, truncated (a download cut short)
+        size = {"cut_in_magic": 10, "cut_in_metadata": 5000, "cut_in_tensors": 2_000_000}[case]
+        with open(real, "rb") as f:
+            path.write_bytes(f.read(size))
     capsys.readouterr()
     code = main(["convert", "--from-gguf", str(path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
