@@ -253,6 +253,10 @@ CASES = [
      "hf_list/config.json: must be a JSON object, got list"),
     ("generate-weights-int16", "jaxcore", ["generate", "--model", "{damaged}/int16", "--prompt", "hi"],
      "model.safetensors: tensor lm_head.weight has dtype I16"),
+    # a chat template that refuses a conversation (before: "unexpected TemplateError", no prompt named)
+    ("generate-template-refuses-system", "jaxcore", ["generate", "--model", "{damaged}/strict_template", "--prompt",
+                                                     "hi there", "--chat-template", "--system", "Be brief."],
+     "the chat template refuses the conversation (system/user) that starts 'Be brief.': System role not supported"),
     ("generate-tokenizer-truncated", "jaxcore", ["generate", "--model", "{damaged}/tokenizer_cut", "--prompt", "hi"],
      "tokenizer_cut/tokenizer.json: invalid JSON"),
     ("generate-tokenizer-not-utf8", "jaxcore", ["generate", "--model", "{damaged}/tokenizer_latin1", "--prompt", "hi"],
@@ -313,6 +317,10 @@ def damaged(tiny_dir, tmp_path_factory) -> Path:
     (copy("tokenizer_cut") / "tokenizer.json").write_text(tokenizer[: len(tokenizer) // 2])
     (copy("tokenizer_latin1") / "tokenizer.json").write_bytes(b'{"version": "1.0", "x": "\xe9"}')
     (copy("tokenizer_shape") / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    (copy("strict_template") / "chat_template.jinja").write_text(        # Gemma-style: no system turn
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+        "{% endif %}")
     checkpoint = save_model(jaxcore.load_hf(model), root / "ckpt", tokenizer_dir=model)
     for name in ("ckpt_no_meta", "ckpt_cut_meta", "ckpt_cut_arrays", "ckpt_meta_list", "ckpt_null_size"):
         shutil.copytree(checkpoint, root / name)

@@ -50,7 +50,7 @@ from jaxcore.agents.tools import (
     tool_schema,
 )
 from jaxcore.errors import PromptLengthError, TaskError
-from jaxcore.hf.tokenization import PromptLimit, limit_prompts
+from jaxcore.hf.tokenization import PromptLimit, limit_prompts, render_chat
 from jaxcore.inference.generate import (
     GenerationResult,
     bucket_length,
@@ -127,8 +127,8 @@ class Agent:
             system = describe_tools(schemas) if not system else f"{system}\n\n{describe_tools(schemas)}"
         if system and messages[0].get("role") != "system":
             messages = [{"role": "system", "content": system}, *messages]
-        return tokenizer.apply_chat_template(messages, tools=schemas if native else None, tokenize=False,
-                                             add_generation_prompt=True)
+        return render_chat(tokenizer, messages, tools=schemas if native else None, tokenize=False,
+                           add_generation_prompt=True)
 
     @staticmethod
     def suffix_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -12,7 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxcore.errors import PromptLengthError, UserError, read_json_object  # noqa: F401  (PromptLengthError: re-exported)
+from jaxcore.errors import (  # noqa: F401  (PromptLengthError: re-exported)
+    PromptLengthError,
+    TaskError,
+    UserError,
+    read_json_object,
+)
 from jaxcore.hf.convert import CheckpointError
 from jaxcore.rewards.user_functions import Completion, is_conversation
 
@@ -149,7 +154,21 @@ def apply_chat_template(tokenizer: Any, prompt: str | list[dict[str, str]], syst
     messages = list(prompt) if is_conversation(prompt) else [{"role": "user", "content": prompt}]
     if system and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system}, *messages]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return render_chat(tokenizer, messages, tokenize=False, add_generation_prompt=True)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], **options: Any) -> Any:
+    """`tokenizer.apply_chat_template(messages, **options)`. A template that refuses a conversation (its
+    `raise_exception`: roles that do not alternate, a system turn it does not take) is a one-line `TaskError`
+    naming the conversation's first message, so the dataset row can be found."""
+    try:
+        return tokenizer.apply_chat_template(messages, **options)
+    except Exception as err:  # noqa: BLE001 -- jinja2's TemplateError, or what the template's own code raises
+        first = " ".join(str(messages[0].get("content", "")).split())[:60] if messages else ""
+        roles = "/".join(str(m.get("role")) for m in messages)
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise TaskError(f"the chat template refuses the conversation ({roles}) that starts {first!r}: "
+                        f"{reason}") from None
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str | list[dict[str, str]]], *, chat_template: bool = False,
