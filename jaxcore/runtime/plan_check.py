@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxcore.errors import UserError
 from jaxcore.hf.convert import read_json_config
@@ -44,13 +45,15 @@ def prompt_tokens_of(job_cfg: Any, prompt_tokens: int | None = None) -> int:
     return prompt_tokens or job_cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
 
 
-def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer_dir: str | None = None
-                           ) -> int | None:
+def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer_dir: str | None = None,
+                           model_cfg: ModelConfig | None = None) -> int | None:
     """The longest of the first `PROMPT_SAMPLE` training prompts in tokens, rendered as the rollout renders them
     (chat template and rollout.system_prompt; with an `agent`, the tools' description: one environment instance
-    per environment name, never reset, so a reset's text is not counted), at most rollout.max_prompt_length;
-    None without tokenizer files (`tokenizer_dir`, else model.path) or examples."""
-    from jaxcore.hf.tokenization import encode_prompts, load_tokenizer
+    per environment name, never reset, so a reset's text is not counted), as the rollout keeps it: at most
+    rollout.max_prompt_length and the positions the model (`model_cfg`, else model.path's config) leaves a prompt,
+    or the rollout's one-line refusal where truncation is off. None without tokenizer files (`tokenizer_dir`, else
+    model.path) or examples."""
+    from jaxcore.hf.tokenization import PromptLimit, encode_prompts, limit_prompts, load_tokenizer
 
     r = job_cfg.rollout
     source = tokenizer_dir or job_cfg.model.path
@@ -73,7 +76,24 @@ def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer
                                    r.system_prompt) for e in examples]
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     longest = int(max(lengths))
-    return min(longest, r.max_prompt_length) if r.max_prompt_length else longest
+    model_cfg = model_cfg or _model_config(job_cfg)
+    if model_cfg is None:
+        return min(longest, r.max_prompt_length) if r.max_prompt_length else longest
+    limit = PromptLimit(model_cfg.max_position_embeddings, r.max_prompt_length, r.truncate_prompts)
+    lengths_B = np.asarray(lengths)
+    mask_BT = (np.arange(longest)[None, :] >= longest - lengths_B[:, None]).astype(np.int32)
+    limit_prompts(np.zeros_like(mask_BT), mask_BT, limit, r.completion_tokens, warn=False)  # refuses as the rollout
+    return min(longest, limit.prompt_tokens(r.completion_tokens))
+
+
+def _model_config(job_cfg: Any) -> ModelConfig | None:
+    """model.path's model config (config.json or a jaxcore checkpoint's); None where it cannot be read (the loader
+    names the problem)."""
+    hf = hf_config_at(job_cfg.model.path) if job_cfg.model.path else None
+    try:
+        return None if hf is None else config_from_hf(hf)
+    except ConfigError:
+        return None
 
 
 def hf_config_at(path: str | Path) -> dict[str, Any] | None:
@@ -123,14 +143,9 @@ def check_fits(job_cfg: Any, algorithm: type[Algorithm], model_cfg: ModelConfig 
     divisor = algorithm.mesh_divisor(job_cfg)[1]
     if memory is None or divisor < 1 or jax.device_count() % divisor:
         return None               # the mesh builder names a bad divisor
+    model_cfg = model_cfg or _model_config(job_cfg)
     if model_cfg is None:
-        hf = hf_config_at(job_cfg.model.path) if job_cfg.model.path else None
-        if hf is None:
-            return None           # the loader names what is missing
-        try:
-            model_cfg = config_from_hf(hf)
-        except ConfigError:
-            return None
+        return None               # the loader names what is missing
     try:
         plan = algorithm.memory_plan(job_cfg, model_cfg, devices=jax.device_count(), device_memory=memory,
                                      prompt_tokens=prompt_tokens)

@@ -465,8 +465,9 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
     if not task.reward_fns and not scored_by_environment:
         raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
                         "environment_factory whose environment defines get_reward()")
-    reason = check_fits(cfg, algorithm_type, model.config if model is not None else None,   # config.json only
-                        measured_prompt_tokens(cfg, task, agent, tokenizer_dir))
+    model_cfg = model.config if model is not None else None           # else config.json only
+    reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, agent, tokenizer_dir,
+                                                                               model_cfg))
     if reason:
         raise UserError(reason)
     if model is None:

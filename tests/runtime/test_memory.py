@@ -402,6 +402,27 @@ def test_the_check_plans_for_the_longest_training_prompt(tiny_dir, tmp_path, cap
     assert code == 2 and len(err) == 1 and f"this run needs {long / 1e9:.1f} GB per device" in err[0], err
 
 
+def test_the_check_plans_for_prompts_as_the_rollout_truncates_them(tiny_dir, tmp_path):
+    """Prompts longer than the model's positions: the check plans for what the rollout keeps of them (the positions
+    left after the completion), not their whole length (before: "this run needs 34.8 GB" for prompts the rollout
+    would have truncated); with truncation off, it refuses them with the rollout's own line."""
+    from jaxcore.config.yaml_config import load_config
+    from jaxcore.errors import PromptLengthError
+    from jaxcore.grpo.config import GRPOConfig
+    from jaxcore.runtime.runner import make_task
+
+    data = tmp_path / "train.jsonl"
+    rows = [{"prompt": " ".join(["seven times eight"] * n), "answer": "56"} for n in (3, 600)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    overrides = [f"model.path={tiny_dir('llama')}", f"train.out_dir={tmp_path / 'out'}", "task.name=file",
+                 f"task.options={{path: {data}, eval_path: {data}}}", "rollout.max_new_tokens=32"]
+    cfg = load_config(GRPOConfig, None, overrides)
+    assert plan_check.measured_prompt_tokens(cfg, make_task(cfg.task)) == 512 - 32       # tiny: 512 positions
+    cfg = load_config(GRPOConfig, None, [*overrides, "rollout.truncate_prompts=false"])
+    with pytest.raises(PromptLengthError, match=r"^1 prompt\(s\) longer than the 480 positions left for a prompt"):
+        plan_check.measured_prompt_tokens(cfg, make_task(cfg.task))
+
+
 def test_grpo_refuses_a_run_that_cannot_fit_before_loading(tiny_dir, tmp_path, capsys, monkeypatch):
     no_loading(monkeypatch)
     monkeypatch.setattr(plan_check, "accelerator_memory", lambda: 1e6)      # a 1 MB accelerator
