@@ -15,6 +15,23 @@ from typing import Any
 from jaxcore.errors import Interrupted
 
 log = logging.getLogger("jaxcore.runtime.runner")
+STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signal_handlers(handle: Callable[[int, Any], None]) -> Iterator[None]:
+    """`handle` for SIGTERM and SIGINT while the block runs, the previous handlers restored after. Python sets
+    handlers on the main thread only: on another (`trainer.train()` started on a thread) the block runs under the
+    process's own handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handle) for sig in STOPPING}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopSignal:
@@ -25,12 +42,11 @@ class StopSignal:
 
     def __init__(self, on_signal: Callable[[], None] | None = None) -> None:
         self.received: int | None = None
-        self._previous: dict[int, Any] = {}
+        self._handlers = signal_handlers(self._handle)
         self._on_signal = on_signal
 
     def __enter__(self) -> StopSignal:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._handlers.__enter__()
         return self
 
     def _handle(self, signum: int, _frame: Any) -> None:
@@ -42,8 +58,7 @@ class StopSignal:
             self._on_signal()
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        self._handlers.__exit__(*exc)
 
 
 @contextlib.contextmanager
@@ -51,17 +66,9 @@ def interrupts_export(what: str) -> Iterator[None]:
     """SIGTERM/SIGINT while `what` runs raise `Interrupted` into it, naming what stopped and that the checkpoints
     are kept (so the export's cleanup runs and the lock is released, where SIGTERM's default would kill the process
     mid-write). Signal handlers can only be set on the main thread; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def handle(signum: int, _frame: Any) -> None:
         raise Interrupted(f"stopped by {signal.Signals(signum).name} during {what}: nothing was written there; the "
                           "checkpoints are kept: run again with --resume to export", signum)
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with signal_handlers(handle):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,6 +204,29 @@ def test_a_stop_before_any_checkpoint_names_none(tiny_dir, tmp_path, monkeypatch
     with pytest.raises(TrainingError, match="1 consecutive bad steps") as raised:
         ESTrainer(args=cfg).train()
     assert "no checkpoint was written to" in str(raised.value) and "last good" not in str(raised.value)
+
+
+def test_training_runs_on_a_thread_other_than_the_main_one(tiny_dir, tmp_path):
+    """`trainer.train()` started on a thread (a notebook's, a web server's): Python sets signal handlers on the main
+    thread only, so the run goes on under the process's own and finishes (before: a ValueError from `signal` after
+    the model was loaded, the run's files left behind)."""
+    from jaxcore.api import ESTrainer
+
+    out = tmp_path / "thread"
+    cfg = load_config(ESConfig, None, es_args(tiny_dir("llama"), out, "train.epochs=1", "train.eval_every=-1"))
+    result = {}
+
+    def train() -> None:
+        try:
+            result["summary"] = ESTrainer(args=cfg).train()
+        except BaseException as err:  # noqa: BLE001 -- handed to the test's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join(600)
+    assert "error" not in result, result.get("error")
+    assert result["summary"]["stopped_by"] is None and (out / "final_hf" / "config.json").is_file()
 
 
 def raising_reward(completions, examples):
