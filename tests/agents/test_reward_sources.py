@@ -111,5 +111,5 @@ def test_an_environment_reward_too_large_for_a_float_is_a_counted_failure():
             return 10**400
 
     agent = SimpleNamespace(environments=SimpleNamespace(reward_classes={"Huge": Huge}), timeout_s=5.0)
-    rewards, failures = _env_rewards(agent, [Huge(), Huge()], np.zeros(2, bool))
+    rewards, failures = _env_rewards(agent, [Huge(), Huge()], [Huge, Huge], np.zeros(2, bool))
     assert failures == {"Huge": 2} and np.isnan(rewards["Huge"]).all()

@@ -9,6 +9,7 @@ logit. Checked with XLA's own FLOP count of the compiled step against the roofli
 """
 
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +40,18 @@ def compiled_flops(learner: GRPOLearner, batch) -> float:
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
+def bare_algorithm(cfg) -> GRPOAlgorithm:
+    """A GRPOAlgorithm with only what make_batch reads: the config, the EOS ids and the tokenizer's pad id."""
+    algorithm = GRPOAlgorithm.__new__(GRPOAlgorithm)
+    algorithm.cfg, algorithm.eos_token_ids = cfg, (2,)
+    algorithm.tokenizer = types.SimpleNamespace(pad_token_id=0)
+    return algorithm
+
+
 def rollout_batch(cfg, prompt_lengths: list[int], real: int, seed: int = 0):
     """make_batch's batch for prompts of `prompt_lengths` real tokens left-padded to PROMPT_LEN (as `encode`
     pads them) and G completions each of `real` tokens sampled with max_new_tokens MAX_NEW."""
-    algorithm = GRPOAlgorithm.__new__(GRPOAlgorithm)            # make_batch needs only these
-    algorithm.cfg, algorithm.eos_token_ids = cfg, (2,)
+    algorithm = bare_algorithm(cfg)
     rng = np.random.default_rng(seed)
     mask = (np.arange(PROMPT_LEN)[None] >= PROMPT_LEN - np.asarray(prompt_lengths)[:, None]).astype(np.int32)
     ids = np.where(mask, rng.integers(3, 100, mask.shape), 0).astype(np.int32)
@@ -63,8 +71,7 @@ def test_short_completions_cost_only_their_tokens(tiny_dir, grpo_job):
     position and the last token's forward; 4.65x with the batch padded to 64 and the head at every position)."""
     model = jaxcore.load_hf(tiny_dir("llama"))
     cfg = grpo_job(max_completion_length=MAX_NEW)
-    algorithm = GRPOAlgorithm.__new__(GRPOAlgorithm)            # make_batch needs only these
-    algorithm.cfg, algorithm.eos_token_ids = cfg, (2,)
+    algorithm = bare_algorithm(cfg)
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 100, (PROMPTS // 4, PROMPT_LEN)).astype(np.int32)
     cfg.rollout.generations_per_prompt = 4
@@ -141,8 +148,7 @@ def test_a_run_compiles_one_step_per_completion_bucket(tiny_dir, grpo_job):
     model = jaxcore.load_hf(tiny_dir("llama"))
     cfg = grpo_job(max_completion_length=MAX_NEW)
     cfg.rollout.generations_per_prompt = 4
-    algorithm = GRPOAlgorithm.__new__(GRPOAlgorithm)
-    algorithm.cfg, algorithm.eos_token_ids = cfg, (2,)
+    algorithm = bare_algorithm(cfg)
     learner = GRPOLearner(model, cfg)
     rng = np.random.default_rng(1)
     ids = rng.integers(3, 100, (2, PROMPT_LEN)).astype(np.int32)
