@@ -50,6 +50,8 @@ FILES = {
     "hf_latin1/config.json": b'{"model_type": "ll\xe9ma"}',
     "pngdir/reward.png/kept.txt": "an earlier file: reward.png is a directory here",
     "ckptfile/checkpoints": "a file where the checkpoints directory goes",
+    "ran/metrics.jsonl": '{"step": 1, "reward": 0.5}\n',          # an earlier run's outputs, no checkpoint
+    "plotted/reward.png": b"\x89PNG\r\n\x1a\n an earlier run's curve",
 }
 
 CASES = [
@@ -85,6 +87,11 @@ CASES = [
                                                   "train.epochs=1", "task.name=addition", "es.population=4"],
      "train.out_dir's reward.png {tmp}/pngdir/reward.png is a directory; a run writes a file at it"),
     # out_dir/checkpoints a file: refused before training (before: found after it, then a hang in orbax's threads)
+    # a fresh run over an earlier run's files (before: metrics.jsonl deleted at the start, reward.png overwritten)
+    ("es-fresh-over-metrics", "jaxcore", ["es", "model.path={model}", "train.out_dir={tmp}/ran"],
+     "train.out_dir {tmp}/ran already holds metrics.jsonl, which a fresh run would replace: pass --resume"),
+    ("grpo-fresh-over-reward-png", "jaxcore", ["grpo", "model.path={model}", "train.out_dir={tmp}/plotted"],
+     "train.out_dir {tmp}/plotted already holds reward.png, which a fresh run would replace"),
     ("es-checkpoints-is-a-file", "jaxcore", ["es", "model.path={model}", "train.out_dir={tmp}/ckptfile",
                                               "train.epochs=1", "task.name=addition", "es.population=4"],
      "train.out_dir's checkpoints {tmp}/ckptfile/checkpoints is not a directory; a run writes checkpoints in it"),

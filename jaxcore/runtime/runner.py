@@ -407,7 +407,8 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
 def check_run_outputs(cfg: Any, resume: bool) -> None:
     """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
     (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories, and
-    out_dir/checkpoints is not a file (found before training, not after it);
+    out_dir/checkpoints is not a file (found before training, not after it); a fresh run finds no earlier run's
+    checkpoints, metrics.jsonl or reward.png there (it would replace them: they are continued with --resume);
     out_dir/final_hf (with `train.export_hf`) is not a link or a file,
     is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
     optimiser's learning rate is finite at every step (`check_learning_rate`)."""
@@ -423,9 +424,14 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
             raise OutputError(f"train.out_dir's {written} {path} is {'not ' if is_dir else ''}a directory; a run "
                               f"writes {'checkpoints in' if is_dir else 'a file at'} it (move it away, or choose "
                               "another train.out_dir)")
+    if not resume:
+        refuse_fresh_run_over_checkpoints(out)            # the earlier run's checkpoints: the clearer refusal
+        for written in ("metrics.jsonl", "reward.png"):
+            path = out / written
+            if path.is_file() and path.stat().st_size > 0:
+                raise OutputError(f"train.out_dir {out} already holds {written}, which a fresh run would replace: "
+                                  "pass --resume to continue that run, or choose another train.out_dir")
     if cfg.train.export_hf:
-        if not resume:
-            refuse_fresh_run_over_checkpoints(out)        # the earlier run's checkpoints: the clearer refusal
         check_output(out / "final_hf", inputs=(cfg.model.path or None,), overwrite=resume, name="final_hf",
                      overwrite_hint="continue that run with --resume")
     check_learning_rate(cfg.optimizer, cfg.train.epochs)
