@@ -111,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
     reason = refusal(plan)
     if reason:
         print(reason)
-    out = {**plan.to_json(), "prompt_tokens": planned_prompt}
+    layout = algorithm.layout_refusal(cfg, args.devices)
+    if layout:
+        print(f"refused on {args.devices} devices: {layout}")
+    out = {**plan.to_json(), "prompt_tokens": planned_prompt, **({"refused": layout} if layout else {})}
     largest = algorithm.largest_fitting(cfg, model_cfg, **common) if memory is not None else None
     if largest is not None:
         setting, best = largest

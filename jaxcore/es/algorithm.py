@@ -122,6 +122,13 @@ class EggrollAlgorithm(Algorithm):
                                   cfg.es.population, devices // cfg.mesh.model)
         return "population", best
 
+    @classmethod
+    def layout_refusal(cls, cfg: ESConfig, devices: int) -> str | None:
+        pop_devices = devices // cfg.mesh.model
+        if cfg.es.population % pop_devices:
+            return f"es.population={cfg.es.population} must be a multiple of the {pop_devices} devices of the pop axis"
+        return None
+
     def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = (),
                  agent: Any = None):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
@@ -132,9 +139,9 @@ class EggrollAlgorithm(Algorithm):
                                                                  else es.seed))
         self.mesh = meshes.es_mesh(cfg.mesh.model)
         pop_devices = self.mesh.shape[meshes.POP]
-        if es.population % pop_devices:
-            raise ValueError(f"es.population={es.population} must be a multiple of the {pop_devices} devices "
-                             f"of the pop axis")
+        reason = self.layout_refusal(cfg, self.mesh.size)
+        if reason:
+            raise ValueError(reason)
         if (es.population // pop_devices) % 2:
             log.warning("population/devices is odd: antithetic pairs straddle devices (slower)")
         min_size = cfg.mesh.shard_min_size

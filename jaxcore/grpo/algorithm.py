@@ -98,6 +98,15 @@ class GRPOAlgorithm(Algorithm):
                                 cfg.rollout.prompts_per_epoch, step)
         return "rollout.prompts_per_epoch", best
 
+    @classmethod
+    def layout_refusal(cls, cfg: GRPOConfig, devices: int) -> str | None:
+        n_rows = cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt
+        micro_batches = cfg.grpo.generation_steps
+        if n_rows % (devices * micro_batches):
+            return (f"prompts_per_epoch x generations_per_prompt = {n_rows} rows must be a multiple of {devices} "
+                    f"devices x {micro_batches} micro-batches per rollout")
+        return None
+
     def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = (),
                  agent: Any = None):
         cfg.validate()
@@ -105,11 +114,9 @@ class GRPOAlgorithm(Algorithm):
         self.agent = agent              # tools / environments (`jaxcore.agents`): multi-turn episodes
         self.model_config = model.config
         self.mesh = meshes.grpo_mesh(cfg.grpo.fsdp)
-        n_rows = cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt
-        micro_batches = cfg.grpo.generation_steps
-        if n_rows % (self.mesh.size * micro_batches):
-            raise ValueError(f"prompts_per_epoch x generations_per_prompt = {n_rows} rows must be a multiple of "
-                             f"{self.mesh.size} devices x {micro_batches} micro-batches per rollout")
+        reason = self.layout_refusal(cfg, self.mesh.size)
+        if reason:
+            raise ValueError(reason)
         ref_path = cfg.grpo.ref_model_path
         ref_model = (lambda: load_any(ref_path, cfg.model.dtype, remat=cfg.model.remat,
                                       **self.load_targets(cfg))[0]) if ref_path else None

@@ -47,6 +47,12 @@ class Algorithm(abc.ABC):
         """The per-device memory plan of this job (`sizes` override the configured population or prompts)."""
 
     @classmethod
+    def layout_refusal(cls, cfg: Any, devices: int) -> str | None:
+        """Why the algorithm refuses to lay this job out over `devices` devices (rows or population over its
+        mesh), else None: the run's own refusal, which `jaxcore plan` says before a run."""
+        return None
+
+    @classmethod
     def device_memory(cls, cfg: Any) -> str:
         """A configured per-device memory to plan against ("" = the accelerator's own limit)."""
         return ""

@@ -343,6 +343,21 @@ def test_bad_mesh_is_one_line(tmp_path, capsys):
     assert jax.device_count() == 8
 
 
+@pytest.mark.parametrize("argv, refused", [
+    (["es.population=10", "mesh.model=2"], "es.population=10 must be a multiple of the 4 devices of the pop axis"),
+    (["grpo.beta=0.0", "rollout.prompts_per_epoch=3", "rollout.generations_per_prompt=2"],
+     "prompts_per_epoch x generations_per_prompt = 6 rows must be a multiple of 8 devices"),
+], ids=["es-population", "grpo-rows"])
+def test_plan_says_what_the_run_would_refuse(tmp_path, capsys, argv, refused):
+    """A layout the algorithm refuses (ES's population over the pop axis, GRPO's rows over the devices): `plan`
+    prints the plan and says the run would be refused, also in its JSON (before: no word of it)."""
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--model-config", str(LLAMA_8B), "--devices", "8", "--json", str(out), *argv])
+    printed = capsys.readouterr().out
+    assert code == 0 and f"refused on 8 devices: {refused}" in printed
+    assert json.loads(out.read_text())["refused"].startswith(refused)
+
+
 def no_loading(monkeypatch):
     """Fail the test if a trainer reads weights (the refusal must come first)."""
     from jaxcore.hf import model_checkpoint
