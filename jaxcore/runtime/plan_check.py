@@ -76,7 +76,7 @@ def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer
                                    r.system_prompt) for e in examples]
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     longest = int(max(lengths))
-    model_cfg = model_cfg or _model_config(job_cfg)
+    model_cfg = model_cfg or model_config_of(job_cfg)
     if model_cfg is None:
         return min(longest, r.max_prompt_length) if r.max_prompt_length else longest
     limit = PromptLimit(model_cfg.max_position_embeddings, r.max_prompt_length, r.truncate_prompts)
@@ -86,7 +86,7 @@ def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer
     return min(longest, limit.prompt_tokens(r.completion_tokens))
 
 
-def _model_config(job_cfg: Any) -> ModelConfig | None:
+def model_config_of(job_cfg: Any) -> ModelConfig | None:
     """model.path's model config (config.json or a jaxcore checkpoint's); None where it cannot be read (the loader
     names the problem)."""
     hf = hf_config_at(job_cfg.model.path) if job_cfg.model.path else None
@@ -143,7 +143,7 @@ def check_fits(job_cfg: Any, algorithm: type[Algorithm], model_cfg: ModelConfig 
     divisor = algorithm.mesh_divisor(job_cfg)[1]
     if memory is None or divisor < 1 or jax.device_count() % divisor:
         return None               # the mesh builder names a bad divisor
-    model_cfg = model_cfg or _model_config(job_cfg)
+    model_cfg = model_cfg or model_config_of(job_cfg)
     if model_cfg is None:
         return None               # the loader names what is missing
     try:

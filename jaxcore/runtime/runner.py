@@ -51,7 +51,7 @@ from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.config import RolloutConfig
 from jaxcore.runtime.metrics import MetricsLogger, import_plotting_beside, plot_rewards, read_metrics
 from jaxcore.runtime.optim import check_learning_rate
-from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens
+from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens, model_config_of
 from jaxcore.runtime.programs import ledger, process_start_time
 from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
 from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible, data_fingerprint
@@ -471,7 +471,7 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
     if not task.reward_fns and not scored_by_environment:
         raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
                         "environment_factory whose environment defines get_reward()")
-    model_cfg = model.config if model is not None else None           # else config.json only
+    model_cfg = model.config if model is not None else model_config_of(cfg)     # config.json only, read once
     reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, agent, tokenizer_dir,
                                                                                model_cfg))
     if reason:
