@@ -63,7 +63,7 @@ from jaxcore.inference.sampling import SamplingConfig
 from jaxcore.model.transformer import KVCache
 from jaxcore.parallel.rows import allgather_sum, gather_rows, owned_rows
 from jaxcore.rewards.types import Example
-from jaxcore.rewards.user_functions import is_conversation
+from jaxcore.rewards.user_functions import as_messages, is_conversation
 from jaxcore.rewards.workers import one_line
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class Agent:
         self.runner = CallRunner(self.tools, timeout_s, num_workers)
         self._native: dict[int, bool] = {}
         self._longest_token: dict[int, int] = {}
+        self._schemas: dict[type, list[dict[str, Any]]] = {}
 
     def close(self) -> None:
         self.runner.close()
@@ -101,9 +102,12 @@ class Agent:
     # -- prompts ---------------------------------------------------------------------------------------
 
     def schemas(self, instance: Any) -> list[dict[str, Any]]:
-        """The JSON schemas of the tools a row may call (the standalone ones, then its environment's)."""
-        methods = public_methods(instance) if instance is not None else []
-        return [tool_schema(t.fn) for t in self.tools] + [tool_schema(m) for m in methods]
+        """The JSON schemas of the tools a row may call (the standalone ones, then its environment's), made once
+        per environment class (its public methods are the class's: every instance has the same)."""
+        if type(instance) not in self._schemas:
+            methods = public_methods(instance) if instance is not None else []
+            self._schemas[type(instance)] = [tool_schema(t.fn) for t in self.tools] + [tool_schema(m) for m in methods]
+        return self._schemas[type(instance)]
 
     def native_format(self, tokenizer: Any, schemas: list[dict[str, Any]]) -> bool:
         """Whether the chat template renders tools in the `<tool_call>` format itself."""
@@ -119,8 +123,7 @@ class Agent:
         message (as TRL does), the tools described natively or in the system prompt."""
         if not getattr(tokenizer, "chat_template", None):
             raise TaskError("tools and environments need a tokenizer with a chat_template (tool messages are turns)")
-        prompt = observed_prompt(example.prompt, observation)
-        messages = [dict(m) for m in prompt] if is_conversation(prompt) else [{"role": "user", "content": str(prompt)}]
+        messages = as_messages(observed_prompt(example.prompt, observation))
         schemas = self.schemas(instance)
         native = bool(schemas) and self.native_format(tokenizer, schemas)
         if schemas and not native:

@@ -19,7 +19,7 @@ from jaxcore.errors import (  # noqa: F401  (PromptLengthError: re-exported)
     read_json_object,
 )
 from jaxcore.hf.convert import CheckpointError
-from jaxcore.rewards.user_functions import Completion, is_conversation
+from jaxcore.rewards.user_functions import Completion, as_messages, is_conversation
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def apply_chat_template(tokenizer: Any, prompt: str | list[dict[str, str]], syst
     if not getattr(tokenizer, "chat_template", None):
         raise CheckpointError("the tokenizer has no chat_template: conversational prompts and --chat-template "
                               "need one")
-    messages = list(prompt) if is_conversation(prompt) else [{"role": "user", "content": prompt}]
+    messages = as_messages(prompt)
     if system and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system}, *messages]
     return render_chat(tokenizer, messages, tokenize=False, add_generation_prompt=True)

@@ -85,6 +85,11 @@ def is_conversation(prompt: Any) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
 
 
+def as_messages(prompt: Any) -> list[dict[str, Any]]:
+    """A prompt as chat messages: a conversation's own (copied), a text as one user turn (as TRL renders it)."""
+    return [dict(m) for m in prompt] if is_conversation(prompt) else [{"role": "user", "content": str(prompt)}]
+
+
 def _load_file_module(path: Path) -> Any:
     name = f"jaxcore_user_rewards_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     if name in sys.modules:
@@ -292,9 +297,8 @@ class RewardModel:
         for completion, example in zip(completions, examples):
             trl_completion = as_trl_completion(completion, example)
             if isinstance(trl_completion, list):
-                prompt = example.prompt if is_conversation(example.prompt) else [
-                    {"role": "user", "content": str(example.prompt)}]
-                out.append(tokenizer.apply_chat_template([*prompt, *trl_completion], tokenize=False))
+                out.append(tokenizer.apply_chat_template([*as_messages(example.prompt), *trl_completion],
+                                                         tokenize=False))
             else:
                 out.append(example.prompt + trl_completion)
         return out
