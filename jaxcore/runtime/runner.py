@@ -420,6 +420,9 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
     check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
     for written, is_dir in (("metrics.jsonl", False), ("reward.png", False), ("checkpoints", True)):
         path = out / written
+        if not is_dir and path.is_symlink():          # the log is appended through it: it would write elsewhere
+            raise OutputError(f"train.out_dir's {written} {path} is a symbolic link; a run writes a file at it "
+                              "(move it away, or choose another train.out_dir)")
         if path.exists() and path.is_dir() != is_dir:
             raise OutputError(f"train.out_dir's {written} {path} is {'not ' if is_dir else ''}a directory; a run "
                               f"writes {'checkpoints in' if is_dir else 'a file at'} it (move it away, or choose "

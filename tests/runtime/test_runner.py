@@ -229,6 +229,17 @@ def test_training_runs_on_a_thread_other_than_the_main_one(tiny_dir, tmp_path):
     assert result["summary"]["stopped_by"] is None and (out / "final_hf" / "config.json").is_file()
 
 
+def test_a_log_that_is_a_symbolic_link_is_refused(tiny_dir, tmp_path, capsys):
+    """out_dir/metrics.jsonl a link to nowhere: one line, and nothing is written where it points (before: the run
+    appended its log through the link, outside out_dir)."""
+    out, target = tmp_path / "linked", tmp_path / "elsewhere.jsonl"
+    out.mkdir()
+    (out / "metrics.jsonl").symlink_to(target)
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, "train.epochs=1"))
+    assert code == 2 and len(err) == 1 and "metrics.jsonl" in err[0] and "is a symbolic link" in err[0], err
+    assert not target.exists()
+
+
 def raising_reward(completions, examples):
     raise RuntimeError("reward server down")
 
