@@ -84,15 +84,32 @@ def dispatch(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence
              error_types: Callable[[], tuple[type[BaseException], ...]]) -> int:
     """Build the parser, parse, set up logging, run the subcommand. Bad input is one line on stderr and exit
     code 2; Ctrl-C anywhere (start-up included; a training run handles its first SIGINT itself) is the line
-    "interrupted" and exit code 130, without a traceback. The backstop: any other exception (a bug, or bad
-    input no check names yet) is one line with its type and message and exit code 1; `--debug` re-raises it
-    (the traceback)."""
+    "interrupted" and exit code 130 (SIGTERM: "stopped by SIGTERM", 143), without a traceback
+    (`runtime.signals`). The backstop: any other exception (a bug, or bad input no check names yet) is one line
+    with its type and message and exit code 1; `--debug` re-raises it (the traceback). Called as the program
+    (`argv` None), a further SIGINT/SIGTERM once the exit code is known ends the process at once with the
+    signal's code (`signals.exits_at_once`)."""
+    from jaxcore.runtime.signals import exits_at_once
+
+    try:
+        return _dispatch(build_parser, argv, error_types)
+    finally:                    # also argparse's SystemExit (--help, a usage error)
+        if argv is None:        # the program itself (not a call in-process): its exit code is final
+            exits_at_once()
+
+
+def _dispatch(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None,
+              error_types: Callable[[], tuple[type[BaseException], ...]]) -> int:
+    """`dispatch` up to the exit code."""
+    from jaxcore.runtime.signals import stops_the_command
+
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     prog = "error"
     try:
-        parser = build_parser()
-        prog = parser.prog
-        return _parse_and_run(parser, argv, error_types)
+        with stops_the_command():
+            parser = build_parser()
+            prog = parser.prog
+            return _parse_and_run(parser, argv, error_types)
     except KeyboardInterrupt as err:            # `Interrupted`: what the stop left, and the signal's exit code
         print(str(err) if isinstance(err, Interrupted) else "interrupted", file=sys.stderr)
         return getattr(err, "exit_code", 130)
