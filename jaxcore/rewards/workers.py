@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
+from jaxcore.rewards.clock import running_time
 from jaxcore.rewards.types import Example, RewardFn
 
 START_METHODS = ("spawn", "forkserver")
@@ -43,8 +44,10 @@ class RewardTimeout(BaseException):
 
 
 class _Alarm:
-    """SIGALRM for one in-process call: raises `RewardTimeout` into it after `timeout_s`. An alarm someone else
-    set (e.g. pytest-timeout's) is kept: if it is due first its handler runs, and it is re-armed afterwards."""
+    """SIGALRM for one in-process call: raises `RewardTimeout` into it once it has run `timeout_s` seconds
+    (`running_time`: a span the process was stopped does not count; the alarm is re-armed for what is left). An
+    alarm someone else set (e.g. pytest-timeout's) is kept: if it is due first its handler runs, and it is re-armed
+    afterwards."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = float(timeout_s)
@@ -52,20 +55,31 @@ class _Alarm:
 
     def __enter__(self) -> _Alarm:
         self.previous = signal.signal(signal.SIGALRM, self._handler)
-        self.start = time.monotonic()
+        self.start = running_time()
         old_delay, self.old_interval = signal.setitimer(signal.ITIMER_REAL, 0)
-        self.old_deadline = self.start + old_delay if old_delay > 0 else None
+        self.old_deadline = time.monotonic() + old_delay if old_delay > 0 else None
         self.armed = True
-        signal.setitimer(signal.ITIMER_REAL, min(self.timeout_s, old_delay) if old_delay > 0 else self.timeout_s)
+        self._arm(self.timeout_s)
         return self
+
+    def _arm(self, left_s: float) -> None:
+        """The timer for `left_s` more seconds, or until the other alarm is due, whichever is first."""
+        if self.old_deadline is not None:
+            left_s = min(left_s, self.old_deadline - time.monotonic())
+        signal.setitimer(signal.ITIMER_REAL, max(left_s, 1e-6))
 
     def _handler(self, signum: int, frame: Any) -> None:
         if not self.armed:
             return
-        self.armed = False
         if self.old_deadline is not None and time.monotonic() >= self.old_deadline and callable(self.previous):
+            self.armed = False
             self.previous(signum, frame)              # the other alarm was due first: its handler decides
             return
+        left_s = self.timeout_s - (running_time() - self.start)
+        if left_s > 1e-3:                             # the process was stopped meanwhile: that span does not count
+            self._arm(left_s)
+            return
+        self.armed = False
         raise RewardTimeout
 
     def __exit__(self, *exc: Any) -> None:
@@ -147,7 +161,7 @@ class _Worker:
         self.conn.send_bytes(payload)
         self.ready = False
         self.job: int | None = None
-        self.deadline = time.monotonic() + startup_timeout_s
+        self.deadline = running_time() + startup_timeout_s
 
     @property
     def waiting(self) -> bool:
@@ -217,17 +231,17 @@ class WorkerPool:
                         outcomes[index] = (False, f"could not send job ({one_line(e)})")
                         self._replace(worker)
                         continue
-                    worker.job, worker.deadline = index, time.monotonic() + timeout_s
+                    worker.job, worker.deadline = index, running_time() + timeout_s
             if self.stopping:
                 self._abandon(queue, outcomes)
                 break
             waiting = [w for w in self._workers if w.waiting]
-            timeout = min(max(0.0, min(w.deadline for w in waiting) - time.monotonic()), POLL_S)
+            timeout = min(max(0.0, min(w.deadline for w in waiting) - running_time()), POLL_S)
             ready_conns = wait([w.conn for w in waiting], timeout)
             for worker in waiting:
                 if worker.conn in ready_conns:
                     self._receive(worker, outcomes)
-                elif time.monotonic() >= worker.deadline:
+                elif running_time() >= worker.deadline:
                     self._expire(worker, outcomes, timeout_s)
         return [o if o is not None else (False, "job was not run") for o in outcomes]
 
