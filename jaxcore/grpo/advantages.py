@@ -98,10 +98,15 @@ def compute_advantages(rewards_B: Array, group_size: int, scale: str = "group") 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _advantages(rewards_B: Array, group_size: int, scale: str) -> Array:
     """`compute_advantages` as one program (rather than a dozen, each compiled on its first use)."""
-    rewards_NG = rewards_B.reshape(-1, group_size)
-    advantages_B = (rewards_NG - _nanmean(rewards_NG, 1)).reshape(-1)
-    if scale != "none":
-        advantages_B = advantages_B / (reward_std(rewards_B, group_size, scale) + STD_EPS)
+    if scale == "none":
+        rewards_NG = rewards_B.reshape(-1, group_size)
+        return jnp.nan_to_num((rewards_NG - _nanmean(rewards_NG, 1)).reshape(-1), nan=0.0)
+    # in units of a power of two (exact; 1 below 2**50): rewards spread over float32's range keep a finite
+    # difference from their mean and a finite std
+    unit = power_of_two_scale(rewards_B)
+    scaled_NG = (rewards_B / unit).reshape(-1, group_size)
+    centred_B = (scaled_NG - _nanmean(scaled_NG, 1)).reshape(-1)
+    advantages_B = centred_B / (reward_std(rewards_B / unit, group_size, scale) + STD_EPS / unit)
     return jnp.nan_to_num(advantages_B, nan=0.0)
 
 

@@ -40,6 +40,13 @@ from jaxcore.rewards.types import Example, RewardFn
 from jaxcore.rewards.workers import STOPPING, Outcome, WorkerPool, alarm_available, call_with_timeout
 
 logger = logging.getLogger("jaxcore.rewards")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def finite_in_float32(x: Any) -> np.ndarray:
+    """Whether float64 `x` stays finite cast to float32 (training computes rewards in float32)."""
+    with np.errstate(over="ignore"):
+        return np.isfinite(np.asarray(x, np.float64).astype(np.float32))
 
 
 @dataclass
@@ -72,7 +79,7 @@ def to_values(output: Any, n: int) -> np.ndarray:
 
 def reward_value(value: Any, sample: int) -> float:
     """One reward from user code as a float (NaN stays NaN: skipped like None); ValueError naming what it was when
-    it is not a finite real number (a string, an infinity, an integer too large for a float)."""
+    it is not a real number finite in float32 (a string, an infinity, an integer too large for a float, 1e300)."""
     if not isinstance(value, numbers.Real):
         raise ValueError(f"returned {value!r:.60} for sample {sample}; expected a finite number")
     try:
@@ -82,6 +89,9 @@ def reward_value(value: Any, sample: int) -> float:
                          "for a float; expected a finite number") from None
     if math.isinf(number):
         raise ValueError(f"returned {number!r} for sample {sample}; expected a finite number")
+    if not finite_in_float32(number):
+        raise ValueError(f"returned {number!r} for sample {sample}, beyond float32's range (training computes in "
+                         "float32); expected a finite number")
     return number
 
 
@@ -229,8 +239,14 @@ class Scorer:
         unscored = int(np.isnan(terms).all(axis=0).sum())
         if unscored:
             logger.warning("%d samples have no reward from any function; they get 0", unscored)
+        rewards_B = np.nansum(terms, axis=0)
+        beyond = ~finite_in_float32(rewards_B) & ~np.isnan(rewards_B)
+        if beyond.any():                 # each function's reward is finite in float32, their weighted sum is not
+            logger.warning("the weighted sum of the rewards of samples %s is beyond float32's range; clipped to its "
+                           "largest value", np.flatnonzero(beyond).tolist())
+            rewards_B = np.clip(rewards_B, -FLOAT32_MAX, FLOAT32_MAX)
         return ScoreResult(
-            rewards_B=np.nansum(terms, axis=0).astype(np.float32),
+            rewards_B=rewards_B.astype(np.float32),
             per_function=raw,
             failures={name: int(mask.sum()) for name, mask in failed.items()},
         )
