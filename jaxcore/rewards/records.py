@@ -35,6 +35,9 @@ def load_records(
         raise TaskError(f"{path}: file not found")
     if path.is_dir():
         items = _hf_rows(path, prompt_key, answer_key if require_answer else None, hf_split)
+    elif not path.is_file():            # a device or a named pipe: reading it would not end, or block
+        raise TaskError(f"{path}: not a regular file (a device or a pipe); give a JSON or JSONL file or a dataset "
+                        "directory")
     else:
         text = _read_text(path)
         items = _jsonl_items(path, text) if path.suffix == ".jsonl" else _json_items(path, text)

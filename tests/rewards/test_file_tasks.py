@@ -218,3 +218,29 @@ def test_hf_directory_keeps_every_column_and_conversations(tmp_path: Path) -> No
     assert columns_of(examples) == expected
     task = get_task("file", path=tmp_path / "hf", eval_fraction=0.5)      # through the task, too
     assert sorted(map(repr, columns_of([*task.train, *task.eval]))) == sorted(map(repr, expected))
+
+
+@pytest.mark.parametrize("kind", ["pipe", "device"])
+def test_a_dataset_path_that_is_a_pipe_or_a_device_is_one_line(tmp_path, kind):
+    """(Before: a named pipe with no writer blocked the run forever; /dev/zero was read until memory ran out.)"""
+    import os
+    import threading
+
+    if kind == "pipe":
+        path = tmp_path / "data.jsonl"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    raised: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_records(path)
+        except BaseException as err:  # noqa: BLE001
+            raised.append(err)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "load_records did not return"
+    assert isinstance(raised[0], TaskError) and "not a regular file" in str(raised[0])
