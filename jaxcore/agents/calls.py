@@ -15,7 +15,7 @@ from typing import Any
 
 from jaxcore.agents.tools import Tool, ToolCall, error_result, tool_text
 from jaxcore.rewards.clock import running_time
-from jaxcore.rewards.workers import WorkerPool, one_line
+from jaxcore.rewards.workers import WorkerPool, kept_working_directory, one_line
 
 
 @dataclasses.dataclass
@@ -30,7 +30,7 @@ class CallResult:
 
 def call_in_thread(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: float) -> tuple[bool, Any, bool]:
     """`fn(**kwargs)` on a daemon thread: (ok, value or one-line error, hung). Hung: it ran `timeout_s` seconds of
-    `running_time` (a span the process was stopped does not count)."""
+    `running_time` (a span the process was stopped does not count). A change of the working directory is undone."""
     box: dict[str, tuple[bool, Any]] = {}
 
     def target() -> None:
@@ -40,14 +40,15 @@ def call_in_thread(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s:
             box["out"] = (False, one_line(err))
 
     thread = threading.Thread(target=target, daemon=True, name="jaxcore-tool")
-    started = running_time()
-    thread.start()
-    left_s = timeout_s
-    while left_s > 1e-3:        # a span the process was stopped (SIGSTOP) does not count toward the timeout
-        thread.join(left_s)
-        if not thread.is_alive():
-            break
-        left_s = timeout_s - (running_time() - started)
+    with kept_working_directory("a tool or an environment"):
+        started = running_time()
+        thread.start()
+        left_s = timeout_s
+        while left_s > 1e-3:        # a span the process was stopped (SIGSTOP) does not count toward the timeout
+            thread.join(left_s)
+            if not thread.is_alive():
+                break
+            left_s = timeout_s - (running_time() - started)
     if thread.is_alive():
         return False, f"timed out after {timeout_s:g} s", True
     return (*box["out"], False)

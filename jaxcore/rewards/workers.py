@@ -11,13 +11,15 @@ worker, so scripts must keep their entry point under ``if __name__ == "__main__"
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
@@ -95,14 +97,36 @@ def alarm_available() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
+@contextlib.contextmanager
+def kept_working_directory(what: str) -> Iterator[None]:
+    """Undo a change of the working directory made by user code (`what`, e.g. a reward function) while the block
+    runs: the run's relative paths (the model, out_dir, the data) must keep meaning what they meant. Warns once."""
+    before = os.getcwd()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if os.getcwd() != before:
+                os.chdir(before)
+                if not _warned_cwd:
+                    _warned_cwd.append(True)
+                    logging.getLogger("jaxcore.rewards").warning(
+                        "%s changed the working directory; changed back to %s (the run's relative paths are read "
+                        "from there)", what, before)
+
+
+_warned_cwd: list[bool] = []
+
+
 def call_with_timeout(fn: Callable[..., Any], args: Sequence[Any], timeout_s: float | None) -> Outcome:
     """`(True, fn(*args))`, or `(False, reason)` when it raised (SystemExit included: user code cannot end the
     run) or ran past `timeout_s` seconds. The timeout is SIGALRM's (main thread only; `alarm_available`): it
     interrupts Python code, sleeps and blocking I/O, not a C extension that never returns to Python (use
-    worker processes, `rewards.num_workers`, for such code). Ctrl-C (KeyboardInterrupt) is not caught."""
+    worker processes, `rewards.num_workers`, for such code). Ctrl-C (KeyboardInterrupt) is not caught. A change
+    of the working directory is undone (`kept_working_directory`)."""
     timed = timeout_s is not None and timeout_s > 0 and alarm_available()
     try:
-        with _Alarm(timeout_s) if timed else contextlib.nullcontext():
+        with kept_working_directory("a reward function"), _Alarm(timeout_s) if timed else contextlib.nullcontext():
             return True, fn(*args)
     except RewardTimeout:
         return False, f"timed out after {timeout_s:g} s"

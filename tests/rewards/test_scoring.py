@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -283,3 +284,24 @@ def test_interrupt_ends_worker_scoring_at_once() -> None:
                 scorer.score(*batch("hang", "ab"))
         finally:
             timer.cancel()
+
+
+def test_a_reward_or_tool_that_changes_the_working_directory_is_undone(tmp_path, monkeypatch, caplog) -> None:
+    """The run's relative paths (model, out_dir, data) keep their meaning. (Before: a reward calling os.chdir made
+    the start-up probe's next read of `model.path` fail, and moved later writes.)"""
+    from jaxcore.agents.calls import call_in_thread
+
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def moving(completions, examples):
+        os.chdir(elsewhere)
+        return [1.0] * len(completions)
+
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        assert score(*batch("a"), {"moving": moving}).failures == {"moving": 0}
+        assert Path.cwd() == tmp_path
+        assert call_in_thread(lambda: os.chdir(elsewhere), {}, 5.0)[0]
+        assert Path.cwd() == tmp_path
+    assert "changed the working directory" in caplog.text
