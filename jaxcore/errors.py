@@ -99,7 +99,8 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
     unreadable, not UTF-8 or holding an encoded unpaired surrogate)."""
     file = Path(path)
     if not file.is_file():
-        raise UserError(f"{path}: no such {what}")
+        kind = "no such" if not file.exists() else "not a regular file (a directory, a device or a pipe): give a"
+        raise UserError(f"{path}: {kind} {what}")
     try:
         data = file.read_bytes()
     except OSError as err:

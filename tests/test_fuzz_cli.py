@@ -51,6 +51,8 @@ FILES = {
     "pngdir/reward.png/kept.txt": "an earlier file: reward.png is a directory here",
     "ckptfile/checkpoints": "a file where the checkpoints directory goes",
     "ran/metrics.jsonl": '{"step": 1, "reward": 0.5}\n',          # an earlier run's outputs, no checkpoint
+    "twice.yaml": "train:\n  epochs: 5\nes:\n  sigma: 0.01\ntrain:\n  epochs: 1\n",
+    "twice_nested.yaml": "train:\n  epochs: 5\n  epochs: 1\n",
     "plotted/reward.png": b"\x89PNG\r\n\x1a\n an earlier run's curve",
 }
 
@@ -59,6 +61,13 @@ CASES = [
      "{tmp}/missing.yaml: no such config file"),
     ("es-bad-yaml", "jaxcore", ["es", "--config", "{tmp}/bad.yaml"],
      "bad.yaml: line 2 invalid YAML"),
+    # a key twice in one mapping: PyYAML kept the last silently (the first train: section's settings were lost)
+    ("es-yaml-key-twice", "jaxcore", ["es", "--config", "{tmp}/twice.yaml"],
+     "twice.yaml: line 5: key 'train' appears twice"),
+    ("es-yaml-nested-key-twice", "jaxcore", ["es", "--config", "{tmp}/twice_nested.yaml"],
+     "twice_nested.yaml: line 3: key 'epochs' appears twice"),
+    ("es-config-is-a-device", "jaxcore", ["es", "--config", "/dev/null"],
+     "/dev/null: not a regular file (a directory, a device or a pipe): give a config file"),
     ("es-yaml-not-mapping", "jaxcore", ["es", "--config", "{tmp}/list.yaml"],
      "the top level must be a mapping"),
     ("es-wrong-type", "jaxcore", ["es", "--config", "{tmp}/types.yaml"],

@@ -139,14 +139,39 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], cls: type | 
     return data
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping of a config file names a key twice."""
+
+    def __init__(self, key: Any, mark: Any) -> None:
+        super().__init__(f"key {key!r} appears twice")
+        self.problem_mark = mark
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (PyYAML keeps the last one silently: a
+    second `train:` section would drop the first's settings)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key != "<<" and key in seen:
+                raise _DuplicateKey(key, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML config file's top-level mapping, or ConfigValueError naming the file and the problem."""
+    """A YAML config file's top-level mapping, or ConfigValueError naming the file and the problem (invalid YAML, a
+    key written twice in one mapping)."""
     try:
         text = read_text(path, "config file")
     except UserError as err:
         raise ConfigValueError(str(err)) from err
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as err:
+        raise ConfigValueError(f"{path}: line {err.problem_mark.line + 1}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
