@@ -15,7 +15,7 @@ from typing import Any
 
 from jaxcore.agents.tools import Tool, ToolCall, error_result, tool_text
 from jaxcore.rewards.clock import running_time
-from jaxcore.rewards.workers import WorkerPool, kept_working_directory, one_line
+from jaxcore.rewards.workers import WorkerPool, kept_process_state, one_line
 
 
 @dataclasses.dataclass
@@ -40,7 +40,7 @@ def call_in_thread(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s:
             box["out"] = (False, one_line(err))
 
     thread = threading.Thread(target=target, daemon=True, name="jaxcore-tool")
-    with kept_working_directory("a tool or an environment"):
+    with kept_process_state("a tool or an environment"):
         started = running_time()
         thread.start()
         left_s = timeout_s

@@ -97,25 +97,40 @@ def alarm_available() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def kept_working_directory(what: str) -> Iterator[None]:
-    """Undo a change of the working directory made by user code (`what`, e.g. a reward function) while the block
-    runs: the run's relative paths (the model, out_dir, the data) must keep meaning what they meant. Warns once."""
-    before = os.getcwd()
+def kept_process_state(what: str) -> Iterator[None]:
+    """Undo what user code (`what`, e.g. a reward function) changed of the process while the block ran: the working
+    directory (the run's relative paths, the model, out_dir and the data, must keep their meaning) and, on the main
+    thread, the SIGINT/SIGTERM handlers (a stop signal must still stop the run). Warns once per kind of change."""
+    cwd = os.getcwd()
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS} if main else {}
     try:
         yield
     finally:
         with contextlib.suppress(OSError):
-            if os.getcwd() != before:
-                os.chdir(before)
-                if not _warned_cwd:
-                    _warned_cwd.append(True)
-                    logging.getLogger("jaxcore.rewards").warning(
-                        "%s changed the working directory; changed back to %s (the run's relative paths are read "
-                        "from there)", what, before)
+            if os.getcwd() != cwd:
+                os.chdir(cwd)
+                _warn_once("the working directory", what, f"changed back to {cwd} (the run's relative paths are "
+                           "read from there)")
+        changed = [sig for sig, handler in handlers.items() if signal.getsignal(sig) is not handler]
+        for sig in changed:
+            signal.signal(sig, handlers[sig])
+        if changed:
+            _warn_once("signal handlers", what, "put back (" + ", ".join(signal.Signals(s).name for s in changed)
+                       + " must still stop the run)")
 
 
-_warned_cwd: list[bool] = []
+_warned: set[str] = set()
+
+
+def _warn_once(kind: str, what: str, done: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        logging.getLogger("jaxcore.rewards").warning("%s changed %s; %s", what, kind, done)
 
 
 def call_with_timeout(fn: Callable[..., Any], args: Sequence[Any], timeout_s: float | None) -> Outcome:
@@ -123,10 +138,10 @@ def call_with_timeout(fn: Callable[..., Any], args: Sequence[Any], timeout_s: fl
     run) or ran past `timeout_s` seconds. The timeout is SIGALRM's (main thread only; `alarm_available`): it
     interrupts Python code, sleeps and blocking I/O, not a C extension that never returns to Python (use
     worker processes, `rewards.num_workers`, for such code). Ctrl-C (KeyboardInterrupt) is not caught. A change
-    of the working directory is undone (`kept_working_directory`)."""
+    of the working directory or the stop signals' handlers is undone (`kept_process_state`)."""
     timed = timeout_s is not None and timeout_s > 0 and alarm_available()
     try:
-        with kept_working_directory("a reward function"), _Alarm(timeout_s) if timed else contextlib.nullcontext():
+        with kept_process_state("a reward function"), _Alarm(timeout_s) if timed else contextlib.nullcontext():
             return True, fn(*args)
     except RewardTimeout:
         return False, f"timed out after {timeout_s:g} s"

@@ -305,3 +305,21 @@ def test_a_reward_or_tool_that_changes_the_working_directory_is_undone(tmp_path,
         assert call_in_thread(lambda: os.chdir(elsewhere), {}, 5.0)[0]
         assert Path.cwd() == tmp_path
     assert "changed the working directory" in caplog.text
+
+
+def test_a_reward_that_replaces_the_stop_handlers_has_them_put_back(caplog) -> None:
+    """A stop signal must still stop the run. (Before: a reward calling signal.signal(SIGINT, SIG_IGN), as some
+    libraries do, left Ctrl-C ignored for the rest of the run.)"""
+    def own_handler(*_args):
+        pass
+
+    def ignoring(completions, examples):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, own_handler)
+        return [1.0] * len(completions)
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with caplog.at_level(logging.WARNING, logger="jaxcore.rewards"):
+        assert score(*batch("a"), {"ignoring": ignoring}).failures == {"ignoring": 0}
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert "changed signal handlers" in caplog.text
