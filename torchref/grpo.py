@@ -182,6 +182,11 @@ def grpo_loss(logp_BL: torch.Tensor, old_logp_BL: torch.Tensor | None, ref_logp_
             return float(x.sum() / x.shape[0])
         return float((x * mask).sum() / mask.sum().clamp(min=1.0))
 
+    def masked_seq_mean(x: torch.Tensor) -> torch.Tensor:      # TRL's: one value per row
+        if x.shape[1] == 1:
+            return x.squeeze(1)
+        return (x * mask).sum(-1) / mask.sum(-1)
+
     if beta != 0.0:
         metrics["kl"] = masked_mean(per_token_kl.detach())
     if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
@@ -190,6 +195,8 @@ def grpo_loss(logp_BL: torch.Tensor, old_logp_BL: torch.Tensor | None, ref_logp_
         metrics["clip_ratio/low_mean"] = masked_mean(is_low)
         metrics["clip_ratio/high_mean"] = masked_mean(is_high)
         metrics["clip_ratio/region_mean"] = masked_mean(torch.maximum(is_low, is_high))
+        metrics["clip_ratio/low_min"] = float(torch.nanquantile(masked_seq_mean(is_low), 0.0))   # TRL's nanmin
+        metrics["clip_ratio/high_max"] = float(torch.nanquantile(masked_seq_mean(is_high), 1.0))  # TRL's nanmax
     elif loss_type == "cispo":
         metrics["cispo_clip_ratio"] = masked_mean(((coef_1 > eps_high) & (advantages > 0)).float())
     elif loss_type == "vespo":

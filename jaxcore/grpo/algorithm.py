@@ -41,7 +41,8 @@ from jaxcore.runtime.rollout import RowScores, encode_rollout_prompts, sample, s
 log = logging.getLogger(__name__)
 
 STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
-                "clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean", "policy_loss")
+                "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "cispo_clip_ratio",
+                "vespo/phi_seq_mean", "policy_loss")
 
 
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:

@@ -206,10 +206,22 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
 
 
 def clip_metrics(ratio: Array, advantages_B1: Array, mask_BT: Array, cfg: Any) -> dict[str, Array]:
-    """TRL's `clip_ratio/{low,high,region}_mean`: share of tokens (rows, at sequence level) outside the clip."""
+    """TRL's `clip_ratio/{low,high,region}_mean` (share of tokens, rows at sequence level, outside the clip) and
+    `clip_ratio/low_min` / `high_max` (the smallest / largest such share of one row; rows without tokens left
+    out)."""
     low, high = clip_range(cfg)
-    is_low = (ratio < low) & (advantages_B1 < 0)
-    is_high = (ratio > high) & (advantages_B1 > 0)
-    return {"clip_ratio/low_mean": masked_mean(is_low.astype(jnp.float32), mask_BT),
-            "clip_ratio/high_mean": masked_mean(is_high.astype(jnp.float32), mask_BT),
-            "clip_ratio/region_mean": masked_mean((is_low | is_high).astype(jnp.float32), mask_BT)}
+    is_low = ((ratio < low) & (advantages_B1 < 0)).astype(jnp.float32)
+    is_high = ((ratio > high) & (advantages_B1 > 0)).astype(jnp.float32)
+    return {"clip_ratio/low_mean": masked_mean(is_low, mask_BT),
+            "clip_ratio/high_mean": masked_mean(is_high, mask_BT),
+            "clip_ratio/region_mean": masked_mean(jnp.maximum(is_low, is_high), mask_BT),
+            "clip_ratio/low_min": jnp.nanmin(row_means(is_low, mask_BT)),
+            "clip_ratio/high_max": jnp.nanmax(row_means(is_high, mask_BT))}
+
+
+def row_means(x_BT: Array, mask_BT: Array) -> Array:
+    """Each row's masked mean [B] (NaN for a row without tokens; a [B, 1] x is its own row value): TRL's
+    `masked_seq_mean`."""
+    if x_BT.shape[-1] == 1 and mask_BT.shape[-1] != 1:
+        return x_BT[:, 0]
+    return jnp.where(mask_BT, x_BT, 0.0).sum(-1) / mask_BT.sum(-1)
