@@ -27,6 +27,8 @@ def maybe_initialize_distributed(coordinator: str | None = None, num_processes: 
     coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not coordinator:
         return False
+    if jax.distributed.is_initialized():            # already (jaxcore.trl's trainer counts the devices first)
+        return True
     num_processes = num_processes if num_processes is not None else int(os.environ["JAX_NUM_PROCESSES"])
     process_id = process_id if process_id is not None else int(os.environ["JAX_PROCESS_ID"])
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,

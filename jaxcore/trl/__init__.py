@@ -1,0 +1,24 @@
+"""TRL 1.16's GRPO script surface on jaxcore: `GRPOConfig` with TRL's flat arguments (`config`, each argument's
+handling in `arguments`) and `GRPOTrainer` with TRL's constructor and methods (`trainer`). A TRL script runs by
+changing its import: `from jaxcore.trl import GRPOConfig, GRPOTrainer`.
+
+May import: `jaxcore.api` and the layers below it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GRPOConfig", "GRPOTrainer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GRPOConfig":
+        from jaxcore.trl.config import GRPOConfig
+
+        return GRPOConfig
+    if name == "GRPOTrainer":
+        from jaxcore.trl.trainer import GRPOTrainer
+
+        return GRPOTrainer
+    raise AttributeError(f"module 'jaxcore.trl' has no attribute {name!r}")

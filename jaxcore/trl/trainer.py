@@ -1,0 +1,193 @@
+"""`GRPOTrainer` with TRL 1.16's constructor and the methods a GRPO script calls (`train`, `save_model`, `state`),
+over jaxcore's own trainer (`jaxcore.api.GRPOTrainer`) with the job config `jaxcore.trl.config` derives."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from jaxcore.api import GRPOTrainer as JobTrainer
+from jaxcore.model.lora import LoRAConfig
+from jaxcore.trl.config import GRPOConfig
+
+PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
+PEFT_DEFAULTS_KEPT = {"bias": "none", "use_rslora": False, "use_dora": False, "modules_to_save": None,
+                      "layers_to_transform": None, "fan_in_fan_out": False, "init_lora_weights": True}
+
+
+class TrainOutput(NamedTuple):
+    """transformers' `TrainOutput`: the optimizer steps taken, the mean training loss and the run's summary."""
+
+    global_step: int
+    training_loss: float
+    metrics: dict[str, Any]
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """The part of transformers' `TrainerState` a script reads after training."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    log_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+class GRPOTrainer:
+    """TRL 1.16's `trl.GRPOTrainer`, argument for argument. `model` is a local model directory (or a loaded
+    transformers / peft model saved in one: its `name_or_path`); `processing_class` a tokenizer (or its directory)
+    when the model's directory has none. What jaxcore cannot do yet (callbacks, a custom optimizer, quantization,
+    `rollout_func`) is a one-line ValueError here, before any work."""
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 reward_processing_classes: Any = None, callbacks: Sequence[Any] | None = None,
+                 optimizers: tuple[Any, Any] = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, tools: Sequence[Callable[..., Any]] | None = None,
+                 rollout_func: Callable[..., Any] | None = None, environment_factory: Any = None) -> None:
+        model_path = _local_directory(model, "model")
+        if args is None:
+            args = GRPOConfig(output_dir=f"{Path(model_path).name}-GRPO")
+        if not isinstance(args, GRPOConfig):
+            raise TypeError(f"args must be a jaxcore.trl.GRPOConfig, got {type(args).__name__}")
+        unsupported = [name for name, value, default in (
+            ("callbacks", callbacks, None), ("optimizers", tuple(optimizers), (None, None)),
+            ("quantization_config", quantization_config, None), ("rollout_func", rollout_func, None))
+            if value != default and value]
+        if unsupported:
+            raise ValueError(f"not supported by jaxcore yet: {', '.join(unsupported)} (jaxcore builds AdamW and its "
+                             "schedule from args, trains unquantized weights and generates with its own rollout)")
+        if reward_processing_classes is not None:
+            warnings.warn("reward_processing_classes has no effect in jaxcore: each reward model's tokenizer is "
+                          "read from its directory", UserWarning, stacklevel=2)
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (jaxcore.trl's GRPOTrainer trains on a dataset)")
+        if eval_dataset is None and str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no":
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        self.args, self.model_path = args, model_path
+        self.tokenizer_dir = (None if processing_class is None
+                              else _local_directory(processing_class, "processing_class"))
+        self.lora = None if peft_config is None else lora_config(peft_config)
+        self.train_rows = _row_count(train_dataset)
+        self._job_args = dict(model=model_path, reward_funcs=reward_funcs, train_dataset=train_dataset,
+                              eval_dataset=eval_dataset if eval_dataset is not None else train_dataset,
+                              tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None,
+                              tools=tools, environment_factory=environment_factory)
+        self.job_trainer = self._job_trainer(devices=1)        # every argument checked now, before any work
+        self.state = TrainerState()
+
+    def _job_trainer(self, devices: int) -> JobTrainer:
+        job = self.args.to_job_config(devices, self.train_rows)
+        job.grpo.lora = self.lora
+        if self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
+            job.train.eval_every = -1                       # no eval_dataset: TRL trains on every row
+        return JobTrainer(args=job, **self._job_args)
+
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
+        """Train, or continue the run in `args.output_dir` (`resume_from_checkpoint=True`, or a path inside it: jaxcore
+        continues from that run's latest checkpoint). Returns transformers' `TrainOutput`."""
+        import jax
+
+        from jaxcore.parallel.meshes import maybe_initialize_distributed
+
+        resume = self._resume(resume_from_checkpoint)
+        maybe_initialize_distributed()
+        devices = jax.device_count()
+        self.job_trainer = self._job_trainer(devices)
+        summary = self.job_trainer.train(resume=resume)
+        job = self.job_trainer.args
+        per_rollout = job.grpo.num_iterations * job.grpo.steps_per_rollout
+        per_epoch = self.args.optimizer_steps(devices, self.train_rows)[1]
+        self.state = TrainerState(global_step=(summary.get("last_epoch", job.train.epochs - 1) + 1) * per_rollout,
+                                  max_steps=job.train.epochs * per_rollout,
+                                  log_history=log_history(Path(job.train.out_dir) / "metrics.jsonl", per_rollout,
+                                                          per_epoch))
+        losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
+        return TrainOutput(self.state.global_step, sum(losses) / len(losses) if losses else 0.0, summary)
+
+    def _resume(self, resume_from_checkpoint: bool | str | None) -> bool:
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return False
+        if resume_from_checkpoint is True:
+            return True
+        out = Path(self.args.output_dir).resolve()
+        path = Path(resume_from_checkpoint).resolve()
+        if path != out and out not in path.parents:
+            raise ValueError(f"resume_from_checkpoint={resume_from_checkpoint!r}: jaxcore continues the run in "
+                             f"output_dir ({self.args.output_dir}) from its latest checkpoint")
+        return True
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """The trained model as an HF directory in `output_dir` (default `args.output_dir`): the files of the run's
+        final_hf export (final_adapter, a peft adapter, when training LoRA)."""
+        out = Path(self.args.output_dir)
+        source = out / ("final_adapter" if self.lora is not None and (out / "final_adapter").is_dir() else "final_hf")
+        if not source.is_dir():
+            raise ValueError(f"save_model: {source} does not exist (train first)")
+        target = Path(output_dir or out)
+        target.mkdir(parents=True, exist_ok=True)
+        for file in source.iterdir():
+            if file.is_file():
+                shutil.copy2(file, target / file.name)
+
+
+def lora_config(peft_config: Any) -> LoRAConfig:
+    """peft's `LoraConfig` as jaxcore's (r, lora_alpha, target_modules, lora_dropout); a setting jaxcore does not
+    implement (bias, rsLoRA, DoRA, modules_to_save, ...) is a one-line ValueError."""
+    refused = [f"{name}={getattr(peft_config, name)!r}" for name, default in PEFT_DEFAULTS_KEPT.items()
+               if getattr(peft_config, name, default) not in (default,) and not (
+                   name == "init_lora_weights" and getattr(peft_config, name) is True)]
+    if refused:
+        raise ValueError(f"peft_config: not supported by jaxcore: {', '.join(refused)}")
+    targets = getattr(peft_config, "target_modules", None)
+    if targets is None:
+        raise ValueError("peft_config.target_modules: name the modules (e.g. ['q_proj', 'v_proj']); jaxcore has no "
+                         "per-architecture default")
+    targets = [targets] if isinstance(targets, str) else sorted(targets)
+    return LoRAConfig(rank=int(peft_config.r), alpha=float(peft_config.lora_alpha), target_modules=targets,
+                      dropout=float(getattr(peft_config, "lora_dropout", 0.0) or 0.0))
+
+
+def log_history(metrics_path: Path, per_rollout: int, per_epoch: int) -> list[dict[str, Any]]:
+    """metrics.jsonl as transformers' `state.log_history`: TRL's metric names (evaluation's as `eval_<name>`),
+    `step` counted in optimizer steps and `epoch` in passes over the dataset (`per_epoch` optimizer steps each)."""
+    history = []
+    if not metrics_path.is_file():
+        return history
+    for line in metrics_path.read_text().splitlines():
+        record = json.loads(line)
+        entry = {(f"eval_{k.removeprefix('eval/')}" if k.startswith("eval/") else k): v
+                 for k, v in record.items() if k not in ("step", "time")}
+        entry["step"] = int(record["step"]) * per_rollout
+        entry["epoch"] = entry["step"] / per_epoch
+        history.append(entry)
+    return history
+
+
+def _local_directory(value: Any, name: str) -> str:
+    """A path, or a loaded transformers/peft object's `name_or_path`, naming a local directory."""
+    path = value if isinstance(value, (str, os.PathLike)) else getattr(value, "name_or_path", None)
+    if path is None:
+        raise TypeError(f"{name} must be a local directory or a loaded transformers object saved in one, got "
+                        f"{type(value).__name__}")
+    if not Path(path).is_dir():
+        raise ValueError(f"{name}={os.fspath(path)!r}: not a local directory (jaxcore reads models and tokenizers "
+                         "from disk; nothing is downloaded)")
+    return os.fspath(path)
+
+
+def _row_count(dataset: Any) -> int:
+    """Rows of a training dataset: its length, or (a path) the records it holds."""
+    if isinstance(dataset, (str, os.PathLike)):
+        from jaxcore.rewards.file_tasks import dataset_records
+
+        return len(dataset_records(os.fspath(dataset), "train_dataset"))
+    try:
+        return len(dataset)
+    except TypeError:
+        return len(list(dataset))

@@ -1,0 +1,148 @@
+"""`jaxcore.trl.GRPOConfig` against the installed TRL 1.16: every argument by TRL's name and default, each mapped,
+ignored with a warning or refused in one line, and TRL's accounting of generations and steps (computed here with
+TRL's own RepeatSampler and transformers' own `set_initial_training_values`, not with jaxcore's code)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import warnings
+
+import pytest
+
+from jaxcore.trl.arguments import HANDLED, IGNORED, REFUSED, TRL_DEFAULTS
+from jaxcore.trl.config import GRPOConfig
+
+trl = pytest.importorskip("trl")
+
+
+def test_every_trl_argument_has_trls_default_and_exactly_one_handling():
+    fields = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}
+    assert list(fields) == list(TRL_DEFAULTS)
+    for name, field in fields.items():
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        assert TRL_DEFAULTS[name] == default, name
+    kinds = [set(HANDLED), set(IGNORED), set(REFUSED)]
+    assert set().union(*kinds) == set(TRL_DEFAULTS)
+    assert sum(len(k) for k in kinds) == len(TRL_DEFAULTS)
+
+
+def test_an_argument_trl_does_not_have_is_trls_type_error():
+    with pytest.raises(TypeError) as theirs:
+        trl.GRPOConfig(output_dir="x", num_generation=8)
+    with pytest.raises(TypeError) as ours:
+        GRPOConfig(output_dir="x", num_generation=8)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_arguments_without_effect_warn_once_naming_each():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOConfig(output_dir="x", use_vllm=True, logging_steps=1, torch_compile=True, seed=3)
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "use_vllm (" in text and "logging_steps (" in text and "torch_compile (" in text and "seed" not in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GRPOConfig(output_dir="x", use_vllm=False)            # TRL's default: nothing to say
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"repetition_penalty": 1.1}, "repetition_penalty=1.1"),
+    ({"use_adaptive_entropy": True}, "use_adaptive_entropy=True"),
+    ({"fp16": True}, "fp16=True"),
+    ({"optim": "adafactor"}, "optim='adafactor'"),
+    ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial'"),
+    ({"multi_objective_aggregation": "normalize_then_sum"}, "multi_objective_aggregation='normalize_then_sum'"),
+    ({"num_generations": 1}, "at least 2 generations"),
+    ({"generation_batch_size": 16, "steps_per_generation": 2}, "can not be both configured"),
+    ({"auto_find_batch_size": True}, "auto_find_batch_size"),
+])
+def test_what_jaxcore_cannot_follow_is_one_line(kwargs, named):
+    with pytest.raises(ValueError) as err:
+        GRPOConfig(output_dir="x", **kwargs)
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+ACCOUNTING = [      # (TRL arguments, train rows)
+    ({}, 40),
+    ({"per_device_train_batch_size": 4, "num_generations": 4, "max_steps": 6}, 10),
+    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 2}, 9),
+    ({"per_device_train_batch_size": 2, "steps_per_generation": 4, "num_generations": 4, "num_iterations": 2,
+      "gradient_accumulation_steps": 2, "num_train_epochs": 1.5}, 12),
+    ({"per_device_train_batch_size": 3, "generation_batch_size": 12, "num_generations": 3}, 20),
+    ({"per_device_train_batch_size": 8, "num_generations": 8, "num_train_epochs": 0.5}, 7),
+]
+
+
+def trl_accounting(kwargs: dict, rows: int) -> tuple[int, int, int]:
+    """(generation_batch_size, steps_per_generation, max_steps) as TRL 1.16 and transformers compute them on one
+    process: TRL's __post_init__, its RepeatSampler and GRPO's dataloader batch, transformers' step count."""
+    import torch
+    from transformers import Trainer
+    from trl.trainer.utils import RepeatSampler
+
+    args = trl.GRPOConfig(output_dir="x", use_cpu=True, report_to=[], **kwargs)
+    sampler = RepeatSampler(list(range(rows)), mini_repeat_count=args.num_generations,
+                            batch_size=args.generation_batch_size // args.num_generations,
+                            repeat_count=args.num_iterations * args.steps_per_generation, shuffle=False)
+    loader = torch.utils.data.DataLoader(list(range(rows)), batch_size=args.per_device_train_batch_size
+                                         * args.steps_per_generation, sampler=sampler)
+    stub = types.SimpleNamespace(get_total_train_batch_size=lambda a: 1, get_sp_size=lambda: 1,
+                                 num_examples=lambda dataloader: rows)
+    max_steps = Trainer.set_initial_training_values(stub, args, loader)[-1]
+    return args.generation_batch_size, args.steps_per_generation, max_steps
+
+
+@pytest.mark.parametrize("kwargs, rows", ACCOUNTING)
+def test_generations_and_steps_are_trls(kwargs, rows):
+    generation_batch, steps, max_steps = trl_accounting(kwargs, rows)
+    ours = GRPOConfig(output_dir="x", **kwargs)
+    assert ours.batch_accounting(devices=1) == (generation_batch, steps)
+    assert ours.optimizer_steps(devices=1, train_rows=rows)[0] == max_steps
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        job = ours.to_job_config(devices=1, train_rows=rows)
+    assert job.rollout.prompts_per_epoch * job.rollout.generations_per_prompt == generation_batch
+    per_generation = ours.num_iterations * steps // ours.gradient_accumulation_steps
+    assert job.total_steps == math.ceil(max_steps / per_generation) * per_generation
+    assert (job.grpo.steps_per_generation, job.grpo.gradient_accumulation_steps) == (
+        steps, ours.gradient_accumulation_steps)
+
+
+def test_devices_count_as_trls_processes():
+    """A JAX device is a TRL process: 8 devices at per_device_train_batch_size 2 generate 16 completions."""
+    ours = GRPOConfig(output_dir="x", per_device_train_batch_size=2, num_generations=4, max_steps=3)
+    assert ours.batch_accounting(devices=8) == (16, 1)
+    job = ours.to_job_config(devices=8, train_rows=100)
+    assert (job.rollout.prompts_per_epoch, job.train.epochs) == (4, 3)
+
+
+def test_mapped_arguments_reach_the_job_config():
+    args = GRPOConfig(output_dir="out", learning_rate=3e-5, beta=0.04, epsilon=0.3, loss_type="grpo",
+                      scale_rewards=False, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, max_completion_length=24,
+                      warmup_steps=0.5, max_steps=4, lr_scheduler_type="cosine", weight_decay=0.1, bf16=True,
+                      save_steps=2, save_total_limit=2, seed=7, reward_weights=[1.0, 0.5],
+                      mask_truncated_completions=True, gradient_checkpointing=False)
+    job = args.to_job_config(devices=1, train_rows=32)
+    assert (job.optimizer.learning_rate, job.optimizer.schedule, job.optimizer.warmup_steps,
+            job.optimizer.weight_decay) == (3e-5, "cosine", 2, 0.1)
+    assert (job.grpo.beta, job.grpo.epsilon, job.grpo.loss_type, job.grpo.scale_rewards,
+            job.grpo.mask_truncated_completions) == (0.04, 0.3, "grpo", "none", True)
+    assert (job.rollout.temperature, job.rollout.top_p, job.rollout.top_k, job.rollout.min_p,
+            job.rollout.max_new_tokens) == (0.7, 0.9, 5, 0.1, 24)
+    assert (job.train.out_dir, job.train.seed, job.train.checkpoint_every, job.train.max_to_keep,
+            job.train.tensorboard) == ("out", 7, 2, 2, False)
+    assert (job.model.dtype, job.model.remat, job.rewards.weights) == ("bfloat16", False, [1.0, 0.5])
+
+
+def test_the_docs_page_lists_every_argument_as_the_code_handles_it():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "coming-from-trl.md").read_text()
+    sections = page.split("### ")
+    for table, heading in ((HANDLED, "Mapped"), (IGNORED, "Accepted without effect"), (REFUSED, "Refused")):
+        section = next(s for s in sections if s.startswith(heading))
+        for name, text in table.items():
+            assert f"| `{name}` | `{TRL_DEFAULTS[name]!r}` | {text} |" in section, name
