@@ -232,6 +232,19 @@ def test_advantages_match_torch(scale, group_size):
         assert np.abs(adv).max() > 0.1
 
 
+@pytest.mark.parametrize("group_size", [4, 3, 2])
+def test_normalize_then_sum_advantages_match_torch(group_size):
+    """TRL's `multi_objective_aggregation="normalize_then_sum"`: each function normalized in its group, the
+    weighted sum normalized over the batch; a function's None left out of its statistics."""
+    weights = {"accuracy": 1.0, "format": 0.5}
+    values_BK = np.stack([np.asarray(REWARDS[name], np.float32) for name in weights], axis=1)
+    adv, zero_std = grpo.normalized_sum_advantages(values_BK, np.asarray(list(weights.values())), group_size)
+    adv_ref, zero_std_ref = tgrpo.normalized_sum_advantages(REWARDS, weights, group_size)
+    np.testing.assert_allclose(np.asarray(adv), adv_ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert float(zero_std) == zero_std_ref
+    assert np.isfinite(adv).all() and adv[2] == 0.0 and adv[10] == 0.0 and np.abs(adv).max() > 0.1
+
+
 def test_config_is_duck_typed():
     @dataclasses.dataclass
     class Plain:

@@ -66,6 +66,25 @@ def compute_advantages(rewards_B: Any, group_size: int, scale: str = "group") ->
     return torch.nan_to_num(advantages_B, nan=0.0)
 
 
+def normalized_sum_advantages(per_function: Mapping[str, Any], weights: Mapping[str, float], group_size: int
+                              ) -> tuple[torch.Tensor, float]:
+    """TRL's `normalize_then_sum` advantages (and its frac_reward_zero_std), transcribed from its GRPOTrainer."""
+    names = list(per_function)
+    rewards_per_func = torch.stack([_tensor(per_function[n]) for n in names], dim=1)
+    reward_weights = _tensor([weights[n] for n in names])
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, group_size, len(names))
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1).unsqueeze(1) if group_size > 1 else torch.zeros_like(mean_k)
+    reward_k = ((grouped - mean_k) / (std_k + STD_EPS)).view(-1, len(names))
+    rewards = (reward_k * reward_weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    std_rewards = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + STD_EPS)
+    is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))
+    return torch.nan_to_num(advantages, nan=0.0), float(is_std_zero.float().mean())
+
+
 TRL_DEFAULTS = {"use_bias_correction_kl": True, "importance_sampling_level": "token", "delta": None,
                 "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "off_policy_mask_threshold": None,
                 "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,

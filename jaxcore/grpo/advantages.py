@@ -110,6 +110,31 @@ def _advantages(rewards_B: Array, group_size: int, scale: str) -> Array:
     return jnp.nan_to_num(advantages_B, nan=0.0)
 
 
+def normalized_sum_advantages(values_BK: Array, weights_K: Array, group_size: int) -> tuple[Array, Array]:
+    """TRL's `normalize_then_sum`: each function's rewards (columns of `values_BK`, NaN where it gave none)
+    minus its group mean, over its group std + 1e-4; their weighted sum (NaN-aware; NaN where no function scored
+    the row); then that minus its batch mean over its batch std + 1e-4 (NaN rows get advantage 0). Returns the
+    advantages [B] and the share of rows whose denominator std is ~0 (TRL's frac_reward_zero_std here)."""
+    values_BK = jnp.asarray(values_BK, jnp.float32)
+    if values_BK.ndim != 2 or values_BK.shape[0] % group_size:
+        raise ValueError(f"rewards of shape {values_BK.shape} do not split into groups of {group_size}")
+    return _normalized_sum(values_BK, jnp.asarray(weights_K, jnp.float32), group_size)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _normalized_sum(values_BK: Array, weights_K: Array, group_size: int) -> tuple[Array, Array]:
+    grouped_NGK = values_BK.reshape(-1, group_size, values_BK.shape[1])
+    mean_N1K = _nanmean(grouped_NGK, 1)
+    std_N1K = _nanstd(grouped_NGK, 1) if group_size > 1 else jnp.zeros_like(mean_N1K)
+    normalized_BK = ((grouped_NGK - mean_N1K) / (std_N1K + STD_EPS)).reshape(values_BK.shape)
+    terms_BK = normalized_BK * weights_K
+    summed_B = jnp.where(jnp.isnan(terms_BK), 0.0, terms_BK).sum(1)
+    summed_B = jnp.where(jnp.isnan(values_BK).all(1), jnp.nan, summed_B)
+    std = _nanstd(summed_B, None) if summed_B.size > 1 else jnp.zeros((1,))
+    advantages_B = (summed_B - _nanmean(summed_B, None)) / (std + STD_EPS)
+    return jnp.nan_to_num(advantages_B, nan=0.0), jnp.isclose(std, 0.0).astype(jnp.float32).mean()
+
+
 def reward_metrics(per_function: Mapping[str, Any], rewards_B: Array, group_size: int, scale: str = "group"
                    ) -> dict[str, float]:
     """TRL's reward logs: `reward`, `reward_std`, `rewards/<name>/mean|std` (NaN-aware), and

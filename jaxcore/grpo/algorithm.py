@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from jaxcore.agents import Episodes, run_episodes
-from jaxcore.grpo.advantages import compute_advantages, reward_metrics
+from jaxcore.grpo.advantages import compute_advantages, normalized_sum_advantages, reward_metrics
 from jaxcore.grpo.buckets import completion_buckets, completion_width, likely_first, prompt_width
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.learner import GRPOLearner, finite
@@ -218,6 +218,18 @@ class GRPOAlgorithm(Algorithm):
                           combined=lambda scores: advantage_rewards(scores, scorer.fallback),
                           **({} if episodes is None else episodes.scoring()))
 
+    def advantages(self, scores: RowScores, scorer: Scorer, group_size: int, scale: str
+                   ) -> tuple[np.ndarray, dict[str, float]]:
+        """The advantages of the rollout's rows by `grpo.multi_objective_aggregation`, and (normalize_then_sum) its
+        `frac_reward_zero_std`, which replaces the group-std one `reward_metrics` logs."""
+        if self.cfg.grpo.multi_objective_aggregation == "sum_then_normalize":
+            return np.asarray(compute_advantages(scores.rewards_B, group_size, scale)), {}
+        names = list(scores.per_function)
+        values_BK = np.stack([np.asarray(scores.per_function[name], np.float32) for name in names], axis=1)
+        weights_K = np.asarray([scorer.weights.get(name, 1.0) for name in names], np.float32)
+        advantages_B, zero_std = normalized_sum_advantages(values_BK, weights_K, group_size)
+        return np.asarray(advantages_B), {"frac_reward_zero_std": float(zero_std)}
+
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray,
                    tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:
         """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`. `ids`/`mask`
@@ -272,7 +284,7 @@ class GRPOAlgorithm(Algorithm):
         with clock.phase("scoring"):
             scores = self.score(result, row_examples, scorer, episodes)
             rewards_B = scores.rewards_B
-            advantages_B = np.asarray(compute_advantages(rewards_B, g, scale))
+            advantages_B, zero_std = self.advantages(scores, scorer, g, scale)
             batch = self.make_batch(ids, mask, result, advantages_B,
                                     None if episodes is None else episodes.model_mask_BE)
         key = (batch.input_ids_BT.shape[0], batch.completion_start + 1,
@@ -288,7 +300,8 @@ class GRPOAlgorithm(Algorithm):
         rollout = rollout_metrics(batch)
         self.num_tokens += int(rollout.pop("rollout_tokens"))
         metrics: dict[str, Any] = {
-            **reward_metrics(scores.per_function, rewards_B, g, scale), **rollout, **mean_step_metrics(steps),
+            **reward_metrics(scores.per_function, rewards_B, g, scale), **zero_std, **rollout,
+            **mean_step_metrics(steps),
             **{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
             "num_tokens": self.num_tokens, "prompts/truncated": self.prompts_truncated,
             **clock.metrics(), "step_time": ended - began,      # rollout, scoring, update and compile add up to it

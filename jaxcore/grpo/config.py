@@ -22,6 +22,7 @@ from jaxcore.runtime.optim import OptimizerConfig
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
+Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 LOSS_TYPES = typing.get_args(LossType)
 IS_LEVELS = typing.get_args(ImportanceSamplingLevel)
 SCALES = typing.get_args(ScaleRewards)
@@ -63,6 +64,9 @@ class GRPOOptions(GRPOLossConfig):
     rollout, the reference model, LoRA and the fsdp mesh axis."""
 
     scale_rewards: ScaleRewards = "group"
+    # sum_then_normalize: advantages of the weighted sum (scale_rewards applies); normalize_then_sum: each
+    # function's rewards normalized in its group, then the weighted sum normalized over the batch (TRL's GDPO)
+    multi_objective_aggregation: Aggregation = "sum_then_normalize"
     num_iterations: Annotated[int, Ge(1)] = 1     # mu: passes over each rollout
     gradient_accumulation_steps: Annotated[int, Ge(1)] = 1
     steps_per_generation: Annotated[int, Ge(1)] | None = None   # micro-batches per rollout (None: the above)

@@ -245,12 +245,12 @@ HANDLED: dict[str, str] = {
     "min_p": "rollout.min_p (None: 0)",
     "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
     "reward_weights": "rewards.weights",
-    "multi_objective_aggregation": "sum_then_normalize (TRL's default) is jaxcore's; normalize_then_sum is refused",
     "scale_rewards": "grpo.scale_rewards (True: group, False: none, as TRL)",
     **{name: f"grpo.{name}" for name in (
         "beta", "epsilon", "epsilon_high", "delta", "loss_type", "importance_sampling_level", "sapo_temperature_neg",
         "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
-        "mask_truncated_completions", "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
+        "mask_truncated_completions", "multi_objective_aggregation", "sync_ref_model", "ref_model_mixup_alpha",
+        "ref_model_sync_steps",
         "top_entropy_quantile", "entropy_coef", "off_policy_mask_threshold", "use_bias_correction_kl")},
 }
 

@@ -16,6 +16,16 @@ from jaxcore.errors import ConfigValueError
 from jaxcore.grpo.config import GRPOConfig as JobConfig
 from jaxcore.trl.arguments import HANDLED, IGNORED, REFUSED, TRL_DEFAULTS
 
+TRL_NAME_OF_KEY = {           # a job-config key set from one TRL argument -> that argument (for error messages)
+    **{f"grpo.{name}": name for name, target in HANDLED.items() if target == f"grpo.{name}"},
+    "rollout.temperature": "temperature", "rollout.top_p": "top_p", "rollout.top_k": "top_k", "rollout.min_p": "min_p",
+    "rollout.generations_per_prompt": "num_generations", "rollout.max_new_tokens": "max_completion_length",
+    "rollout.max_tool_calling_iterations": "max_tool_calling_iterations", "rewards.weights": "reward_weights",
+    "optimizer.learning_rate": "learning_rate", "optimizer.weight_decay": "weight_decay",
+    **{f"optimizer.{name}": name for name in ("adam_beta1", "adam_beta2", "adam_epsilon", "warmup_steps")},
+    **{f"grpo.{name}": name for name in ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")},
+    "train.seed": "seed", "train.out_dir": "output_dir",
+}
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit=None: TRL keeps them all
 
@@ -53,6 +63,11 @@ class GRPOConfig:
         refused += self._refused_values()
         if refused:
             raise ValueError("not supported by jaxcore: " + "; ".join(refused))
+        with warnings.catch_warnings():             # every value in its range, now (the run counts devices later:
+            warnings.simplefilter("ignore")         # any count whose batch holds whole groups will do here)
+            devices = self.num_generations if self.generation_batch_size is None else 1
+            generation_batch, _ = self.batch_accounting(devices)
+            self.to_job_config(devices, train_rows=generation_batch // self.num_generations)
         ignored = [f"{name} ({what})" for name, what in IGNORED.items()
                    if name in given and getattr(self, name) != TRL_DEFAULTS[name]]
         if ignored:
@@ -66,9 +81,6 @@ class GRPOConfig:
             refused.append(f"optim={self.optim!r} (jaxcore trains GRPO with AdamW: an adamw_* value)")
         if str(getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)) not in SCHEDULES:
             refused.append(f"lr_scheduler_type={self.lr_scheduler_type!r} (jaxcore has {', '.join(SCHEDULES)})")
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            refused.append(f"multi_objective_aggregation={self.multi_objective_aggregation!r} (not implemented yet; "
-                           "jaxcore sums the weighted rewards, then normalizes: TRL's default)")
         if not self.average_tokens_across_devices:
             refused.append("average_tokens_across_devices=False (jaxcore's loss is over the global batch)")
         if str(getattr(self.save_strategy, "value", self.save_strategy)) == "best":
@@ -144,7 +156,10 @@ class GRPOConfig:
         try:
             job.validate()
         except (ConfigValueError, ValueError) as err:
-            raise ValueError(f"GRPOConfig: {err}") from None
+            message = str(err)
+            for key in sorted(TRL_NAME_OF_KEY, key=len, reverse=True):
+                message = message.replace(key, TRL_NAME_OF_KEY[key])
+            raise ValueError(f"GRPOConfig: {message}") from None
         return job
 
     def _map_rollout(self, job: JobConfig, generation_batch: int) -> None:

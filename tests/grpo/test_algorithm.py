@@ -283,3 +283,29 @@ def test_cli_lora_run_exports_merged_model_and_peft_adapter(warm, tmp_path, caps
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight")) for k in changed)
     for key, value in merged.state_dict().items():
         np.testing.assert_allclose(exported[key], value.numpy(), rtol=0, atol=1e-6, err_msg=key)
+
+
+def test_normalize_then_sum_trains_on_each_functions_normalized_rewards(warm, monkeypatch):
+    """`grpo.multi_objective_aggregation=normalize_then_sum` (TRL's option): the step's advantages are those of
+    `normalized_sum_advantages` over the functions' own rewards and weights, and its frac_reward_zero_std is logged."""
+    algorithm, cfg = build(warm["hf"], "grpo.multi_objective_aggregation=normalize_then_sum")
+    task = get_task("addition", digit_match_weight=0.5)
+    seen = {}
+    real_batch = algorithm.make_batch
+
+    def spy(ids, mask, result, advantages_B, *rest):
+        seen["advantages"] = np.asarray(advantages_B)
+        return real_batch(ids, mask, result, advantages_B, *rest)
+
+    monkeypatch.setattr(algorithm, "make_batch", spy)
+    real_score = algorithm.score
+    monkeypatch.setattr(algorithm, "score", lambda *a, **k: seen.setdefault("scores", real_score(*a, **k)))
+    with Scorer(task.reward_fns, task.reward_weights) as scorer:
+        result = algorithm.train_step(0, examples_for(cfg), scorer)
+        names = list(seen["scores"].per_function)
+        expected, zero_std = grpo_algorithm.normalized_sum_advantages(
+            np.stack([seen["scores"].per_function[n] for n in names], axis=1),
+            np.asarray([scorer.weights[n] for n in names]), cfg.rollout.generations_per_prompt)
+    assert len(names) == 2
+    np.testing.assert_allclose(seen["advantages"], np.asarray(expected), rtol=1e-6)
+    assert result.metrics["frac_reward_zero_std"] == float(zero_std)

@@ -54,7 +54,7 @@ def test_arguments_without_effect_warn_once_naming_each():
     ({"fp16": True}, "fp16=True"),
     ({"optim": "adafactor"}, "optim='adafactor'"),
     ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial'"),
-    ({"multi_objective_aggregation": "normalize_then_sum"}, "multi_objective_aggregation='normalize_then_sum'"),
+    ({"multi_objective_aggregation": "max"}, "multi_objective_aggregation"),
     ({"num_generations": 1}, "at least 2 generations"),
     ({"generation_batch_size": 16, "steps_per_generation": 2}, "can not be both configured"),
     ({"auto_find_batch_size": True}, "auto_find_batch_size"),
@@ -124,12 +124,14 @@ def test_mapped_arguments_reach_the_job_config():
                       scale_rewards=False, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, max_completion_length=24,
                       warmup_steps=0.5, max_steps=4, lr_scheduler_type="cosine", weight_decay=0.1, bf16=True,
                       save_steps=2, save_total_limit=2, seed=7, reward_weights=[1.0, 0.5],
-                      mask_truncated_completions=True, gradient_checkpointing=False)
+                      mask_truncated_completions=True, gradient_checkpointing=False,
+                      multi_objective_aggregation="normalize_then_sum")
     job = args.to_job_config(devices=1, train_rows=32)
     assert (job.optimizer.learning_rate, job.optimizer.schedule, job.optimizer.warmup_steps,
             job.optimizer.weight_decay) == (3e-5, "cosine", 2, 0.1)
     assert (job.grpo.beta, job.grpo.epsilon, job.grpo.loss_type, job.grpo.scale_rewards,
-            job.grpo.mask_truncated_completions) == (0.04, 0.3, "grpo", "none", True)
+            job.grpo.mask_truncated_completions, job.grpo.multi_objective_aggregation) == (
+        0.04, 0.3, "grpo", "none", True, "normalize_then_sum")
     assert (job.rollout.temperature, job.rollout.top_p, job.rollout.top_k, job.rollout.min_p,
             job.rollout.max_new_tokens) == (0.7, 0.9, 5, 0.1, 24)
     assert (job.train.out_dir, job.train.seed, job.train.checkpoint_every, job.train.max_to_keep,
