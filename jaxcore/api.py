@@ -34,6 +34,7 @@ from jaxcore.rewards.user_functions import task_with_rewards
 
 if TYPE_CHECKING:
     from jaxcore.runtime.algorithm import Algorithm
+    from jaxcore.runtime.runner import Observer
 
 RewardFuncs = Sequence[str | Callable[..., Any]] | str | Callable[..., Any]
 
@@ -103,9 +104,11 @@ class _Trainer:
         task = dataset_task(self.train_dataset, self.eval_dataset, {}, {}, split_seed=self.args.train.seed)
         return task_with_rewards(task, functions, weights) if functions else task
 
-    def train(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
+    def train(self, resume: bool = False, allow_changes: bool = False, observer: Observer | None = None
+              ) -> dict[str, Any]:
         """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible
-        config); returns the summary (eval reward before/after, final_hf, ...)."""
+        config); returns the summary (eval reward before/after, final_hf, ...). `observer` is told of each logged
+        step and may end the run there (`runtime.runner.Observer`)."""
         from jaxcore.runtime.runner import run_training  # lazy: the runner pulls orbax (checkpoints)
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
@@ -113,7 +116,7 @@ class _Trainer:
         self.check_args()                              # the settings may have been edited since __init__
         return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
                             model=self.model, tokenizer_dir=self.tokenizer, tools=self.tools,
-                            environment_factory=self.environment_factory)
+                            environment_factory=self.environment_factory, observer=observer)
 
 
 def _reward_funcs(reward_funcs: Any) -> list[str | Callable[..., Any]] | None:

@@ -144,18 +144,24 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
     return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)))
 
 
+Observer = Callable[[str, int, "dict[str, Any] | None"], "bool | None"]
+"""Told of a run's events: ("log", step, metrics) after each logged step (True: end the run there, with a
+checkpoint and the final export, as a last epoch would) and ("train_end", step, None)."""
+
+
 class Runner:
     """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
 
     def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Task, *,
                  eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None,
-                 base_weights: dict[str, list[float]] | None = None):
+                 base_weights: dict[str, list[float]] | None = None, observer: Observer | None = None):
         self.cfg = cfg
         self.algorithm = algorithm
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.base_weights = base_weights      # fingerprint of the weights loaded at start (stored, checked on resume)
         self.task = task
+        self.observer = observer or (lambda event, step, metrics: False)
         self.data = data_fingerprint(task)         # stored, checked on resume: a changed dataset file is refused
         self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
         self.out_dir = Path(cfg.train.out_dir)
@@ -268,6 +274,7 @@ class Runner:
                 try:
                     first = self._evaluate(scorer)
                     logger.log(0, {k: v for k, v in first.items() if k != "eval/samples"})
+                    self.observer("log", 0, {k: v for k, v in first.items() if k != "eval/samples"})
                     summary["eval_reward_before"] = first["eval/reward"]
                 except ScoringStopped:                  # stopped before training: the loop below runs no epoch
                     pass
@@ -311,15 +318,18 @@ class Runner:
                         pass
                 metrics.pop("eval/samples", None)
                 logger.log(epoch + 1, metrics)
+                asked_to_stop = bool(self.observer("log", epoch + 1, metrics))     # a callback may end the run here
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
                 periodic = t.checkpoint_every > 0 and (epoch + 1) % t.checkpoint_every == 0
-                if (periodic or last) and t.checkpoint_every >= 0 and not result.skipped and not stop.received:
+                if ((periodic or last or asked_to_stop) and t.checkpoint_every >= 0 and not result.skipped
+                        and not stop.received):
                     self._save(epoch)
-                if stop.received:
+                if stop.received or asked_to_stop:
                     break
             if stop.received:
                 self._stopped(summary, stop.received, epoch)
             summary["last_epoch"] = epoch
+            self.observer("train_end", epoch + 1, None)
         bar.close()
         self.checkpointer.close()
         logger.close()
@@ -377,7 +387,7 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
 def run_training(cfg: Any, algorithm: type[Algorithm],
                  resume: bool = False, allow_changes: bool = False, *, build_task: Callable[..., Any] | None = None,
                  model: Any = None, tokenizer_dir: str | None = None, tools: Sequence[Any] = (),
-                 environment_factory: Any = None) -> dict[str, Any]:
+                 environment_factory: Any = None, observer: Observer | None = None) -> dict[str, Any]:
     """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
     eos_token_ids=...)`, run the `Runner`, and export `algorithm.export_model()` to out_dir/final_hf on
     process 0 (when `train.export_hf`).
@@ -399,7 +409,8 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
     lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
     with OutDirLock(cfg.train.out_dir, lock_name):
         summary = _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
-                                     tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory)
+                                     tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory,
+                                     observer=observer)
     compile_cache.log_stats()
     return summary
 
@@ -443,7 +454,7 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
 def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        allow_changes: bool, *, build_task: Callable[..., Any] | None, model: Any,
                        tokenizer_dir: str | None, tools: Sequence[Any] = (),
-                       environment_factory: Any = None) -> dict[str, Any]:
+                       environment_factory: Any = None, observer: Observer | None = None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
     stale = Path(cfg.train.out_dir).glob(".final_hf.tmp-*") if jax.process_index() == 0 else ()   # the exporter's
     for copy_left in stale:                 # an export stopped mid-write: this out_dir's, under its lock
@@ -457,14 +468,15 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
     agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory)
     try:
         return _train_export(cfg, algorithm_type, resume, allow_changes, agent, build_task=build_task, model=model,
-                             tokenizer_dir=tokenizer_dir)
+                             tokenizer_dir=tokenizer_dir, observer=observer)
     finally:
         if agent is not None:
             agent.close()                       # the tools' worker processes
 
 
 def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow_changes: bool, agent: Any, *,
-                  build_task: Callable[..., Any] | None, model: Any, tokenizer_dir: str | None) -> dict[str, Any]:
+                  build_task: Callable[..., Any] | None, model: Any, tokenizer_dir: str | None,
+                  observer: Observer | None = None) -> dict[str, Any]:
     """`_load_train_export` once the run's `agent` (tools, environments; None for a single-turn run) is built: the
     task (reward functions optional when an environment scores, as in TRL), the model, the training, the export."""
     scored_by_environment = bool(agent is not None and agent.reward_names)
@@ -496,7 +508,8 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights).run(
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights,
+                     observer=observer).run(
         resume=resume, allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
         final_hf = Path(cfg.train.out_dir) / "final_hf"

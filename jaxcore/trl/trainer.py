@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 from jaxcore.api import GRPOTrainer as JobTrainer
 from jaxcore.model.lora import LoRAConfig
+from jaxcore.trl.callbacks import instances as callback_instances
+from jaxcore.trl.callbacks import observer as callback_observer
 from jaxcore.trl.config import GRPOConfig
 
 PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
@@ -31,18 +33,21 @@ class TrainOutput(NamedTuple):
 
 @dataclasses.dataclass
 class TrainerState:
-    """The part of transformers' `TrainerState` a script reads after training."""
+    """The part of transformers' `TrainerState` a script or a callback reads."""
 
     global_step: int = 0
     max_steps: int = 0
+    epoch: float = 0.0
     log_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    is_world_process_zero: bool = True
 
 
 class GRPOTrainer:
     """TRL 1.16's `trl.GRPOTrainer`, argument for argument. `model` is a local model directory (or a loaded
     transformers / peft model saved in one: its `name_or_path`); `processing_class` a tokenizer (or its directory)
-    when the model's directory has none. What jaxcore cannot do yet (callbacks, a custom optimizer, quantization,
-    `rollout_func`) is a one-line ValueError here, before any work."""
+    when the model's directory has none; `callbacks` are transformers' `TrainerCallback`s (`jaxcore.trl.callbacks`).
+    What jaxcore cannot do yet (a custom optimizer, quantization, `rollout_func`) is a one-line ValueError here,
+    before any work."""
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
@@ -56,12 +61,13 @@ class GRPOTrainer:
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a jaxcore.trl.GRPOConfig, got {type(args).__name__}")
         unsupported = [name for name, value, default in (
-            ("callbacks", callbacks, None), ("optimizers", tuple(optimizers), (None, None)),
+            ("optimizers", tuple(optimizers), (None, None)),
             ("quantization_config", quantization_config, None), ("rollout_func", rollout_func, None))
             if value != default and value]
         if unsupported:
             raise ValueError(f"not supported by jaxcore yet: {', '.join(unsupported)} (jaxcore builds AdamW and its "
                              "schedule from args, trains unquantized weights and generates with its own rollout)")
+        self.callbacks = callback_instances(callbacks or ())
         if reward_processing_classes is not None:
             warnings.warn("reward_processing_classes has no effect in jaxcore: each reward model's tokenizer is "
                           "read from its directory", UserWarning, stacklevel=2)
@@ -99,14 +105,17 @@ class GRPOTrainer:
         maybe_initialize_distributed()
         devices = jax.device_count()
         self.job_trainer = self._job_trainer(devices)
-        summary = self.job_trainer.train(resume=resume)
         job = self.job_trainer.args
         per_rollout = job.grpo.num_iterations * job.grpo.steps_per_rollout
         per_epoch = self.args.optimizer_steps(devices, self.train_rows)[1]
-        self.state = TrainerState(global_step=(summary.get("last_epoch", job.train.epochs - 1) + 1) * per_rollout,
-                                  max_steps=job.train.epochs * per_rollout,
-                                  log_history=log_history(Path(job.train.out_dir) / "metrics.jsonl", per_rollout,
-                                                          per_epoch))
+        self.state = TrainerState(max_steps=job.train.epochs * per_rollout,
+                                  is_world_process_zero=jax.process_index() == 0)
+        observe = callback_observer(self.callbacks, self.args, self.state,
+                                    lambda step, metrics: history_entry(step, metrics, per_rollout, per_epoch))
+        observe.begin()
+        summary = self.job_trainer.train(resume=resume, observer=observe)
+        self.state.global_step = (summary.get("last_epoch", job.train.epochs - 1) + 1) * per_rollout
+        self.state.log_history = log_history(Path(job.train.out_dir) / "metrics.jsonl", per_rollout, per_epoch)
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, sum(losses) / len(losses) if losses else 0.0, summary)
 
@@ -156,17 +165,19 @@ def lora_config(peft_config: Any) -> LoRAConfig:
 def log_history(metrics_path: Path, per_rollout: int, per_epoch: int) -> list[dict[str, Any]]:
     """metrics.jsonl as transformers' `state.log_history`: TRL's metric names (evaluation's as `eval_<name>`),
     `step` counted in optimizer steps and `epoch` in passes over the dataset (`per_epoch` optimizer steps each)."""
-    history = []
     if not metrics_path.is_file():
-        return history
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
-        entry = {(f"eval_{k.removeprefix('eval/')}" if k.startswith("eval/") else k): v
-                 for k, v in record.items() if k not in ("step", "time")}
-        entry["step"] = int(record["step"]) * per_rollout
-        entry["epoch"] = entry["step"] / per_epoch
-        history.append(entry)
-    return history
+        return []
+    return [history_entry(int(record["step"]), record, per_rollout, per_epoch)
+            for record in map(json.loads, metrics_path.read_text().splitlines())]
+
+
+def history_entry(step: int, metrics: dict[str, Any], per_rollout: int, per_epoch: int) -> dict[str, Any]:
+    """One logged step (jaxcore's step: generations) as a `log_history` entry."""
+    entry = {(f"eval_{k.removeprefix('eval/')}" if k.startswith("eval/") else k): v
+             for k, v in metrics.items() if k not in ("step", "time")}
+    entry["step"] = step * per_rollout
+    entry["epoch"] = entry["step"] / per_epoch
+    return entry
 
 
 def _local_directory(value: Any, name: str) -> str:

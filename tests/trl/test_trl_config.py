@@ -148,3 +148,23 @@ def test_the_docs_page_lists_every_argument_as_the_code_handles_it():
         section = next(s for s in sections if s.startswith(heading))
         for name, text in table.items():
             assert f"| `{name}` | `{TRL_DEFAULTS[name]!r}` | {text} |" in section, name
+
+
+def test_a_callback_overriding_a_hook_jaxcore_does_not_call_is_one_line(tiny_dir):
+    from transformers import TrainerCallback
+
+    from jaxcore.trl import GRPOTrainer
+
+    class SavesToo(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            pass
+
+        def on_save(self, args, state, control, **kwargs):
+            pass
+
+    args = GRPOConfig(output_dir="x", per_device_train_batch_size=4, num_generations=4, max_steps=1)
+    with pytest.raises(ValueError, match="SavesToo overrides on_save, which jaxcore does not call"):
+        GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                    args=args, train_dataset=[{"prompt": "hi"}] * 4, callbacks=[SavesToo])
+    with pytest.raises(ValueError, match="not a local directory"):
+        GRPOTrainer(model="HuggingFaceTB/SmolLM2-135M-Instruct", args=args, train_dataset=[{"prompt": "hi"}] * 4)

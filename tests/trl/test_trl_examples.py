@@ -1,6 +1,7 @@
 """TRL's documented GRPO examples (scripts/: the quickstart with a dataset-column reward, conversational data, LoRA
-through peft_config), on a local tiny model and dataset, run once through TRL 1.16 and once through jaxcore with
-only the import line changed: the same optimizer steps, every metric name TRL logs, the same saved files."""
+through peft_config, a TrainerCallback that stops training early), on a local tiny model and dataset, run once
+through TRL 1.16 and once through jaxcore with only the import line changed: the same optimizer steps, every metric
+name TRL logs, the same saved files, the same callback hooks."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def run_script(source: str, model: Path, out: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("script", ["quickstart", "conversational", "lora"])
+@pytest.mark.parametrize("script", ["quickstart", "conversational", "lora", "callbacks"])
 def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, tmp_path):
     source = (SCRIPTS / f"{script}.py").read_text()
     assert TRL_IMPORT in source
@@ -39,6 +40,8 @@ def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, 
     if "metrics" in theirs:
         assert set(theirs["metrics"]) <= set(ours["metrics"]), \
             sorted(set(theirs["metrics"]) - set(ours["metrics"]))
+    if "calls" in theirs:                          # the callback's hooks, in order, and the rewards it saw
+        assert (ours["calls"], ours["rewards_seen"]) == (theirs["calls"], theirs["rewards_seen"])
     if "files" in theirs:
         assert "adapter_config.json" in theirs["files"] and "adapter_config.json" in ours["files"]
         assert PEFT_WEIGHTS & set(theirs["files"]) and PEFT_WEIGHTS & set(ours["files"])
