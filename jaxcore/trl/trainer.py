@@ -119,6 +119,45 @@ class GRPOTrainer:
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, sum(losses) / len(losses) if losses else 0.0, summary)
 
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Sequence[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Score one greedy completion (a greedy episode with tools or environments) of every prompt of
+        `eval_dataset` (default: the trainer's) under the trained model, or the initial one before `train`: the
+        held-out reward and each function's mean, named as TRL names its evaluation metrics (`eval_reward`,
+        `eval_rewards/<name>/mean`, ...)."""
+        from jaxcore.agents import build_agent
+        from jaxcore.hf import model_checkpoint, tokenization
+        from jaxcore.rewards import Scorer
+        from jaxcore.runtime.runner import evaluate
+
+        if eval_dataset is None and self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        job = self.job_trainer.args
+        trainer = (self.job_trainer if eval_dataset is None
+                   else JobTrainer(args=job, **{**self._job_args, "eval_dataset": eval_dataset}))
+        final = Path(job.train.out_dir) / "final_hf"
+        model_dir = str(final) if final.is_dir() else self.model_path
+        model, tok_dir = model_checkpoint.load_any(model_dir, job.model.dtype)
+        tokenizer = tokenization.load_tokenizer(self.tokenizer_dir or tok_dir or model_dir)
+        agent = build_agent(job.rollout, job.rewards, tools=trainer.tools,
+                            environment_factory=trainer.environment_factory)
+        rollout = job.rollout.with_agent() if agent is not None and not job.rollout.multi_turn else job.rollout
+        try:
+            task = trainer.make_task(scored_by_environment=bool(agent is not None and agent.reward_names))
+            r = job.rewards
+            with Scorer(task.reward_fns, task.reward_weights, num_workers=r.num_workers, timeout_s=r.timeout_s,
+                        fallback=r.fallback) as scorer:
+                metrics = evaluate(model, tokenizer, list(task.eval), scorer, rollout,
+                                   batch_size=job.train.eval_batch_size, agent=agent,
+                                   eos_token_ids=tokenization.eos_token_ids(tokenizer, model.config.hf_config))
+        finally:
+            if agent is not None:
+                agent.close()
+        out = {f"{metric_key_prefix}_{k.removeprefix('eval/')}": v for k, v in metrics.items()
+               if k != "eval/samples" and k.removeprefix("eval/") not in (ignore_keys or ())}
+        self.state.log_history.append({**out, "step": self.state.global_step})
+        return out
+
     def _resume(self, resume_from_checkpoint: bool | str | None) -> bool:
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return False

@@ -168,3 +168,26 @@ def test_a_callback_overriding_a_hook_jaxcore_does_not_call_is_one_line(tiny_dir
                     args=args, train_dataset=[{"prompt": "hi"}] * 4, callbacks=[SavesToo])
     with pytest.raises(ValueError, match="not a local directory"):
         GRPOTrainer(model="HuggingFaceTB/SmolLM2-135M-Instruct", args=args, train_dataset=[{"prompt": "hi"}] * 4)
+
+
+def test_evaluate_scores_the_eval_dataset_under_trls_metric_names(tiny_dir, tmp_path):
+    """Greedy completions of every eval prompt, scored: the same numbers as the reward of those completions."""
+    from jaxcore.trl import GRPOTrainer
+
+    def reward_len(completions, **kwargs):
+        return [-float(len(c)) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=4, max_steps=1)
+    held_out = [{"prompt": f"Describe {i}."} for i in range(5)]
+    trainer = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len, args=args,
+                          train_dataset=[{"prompt": "hi"}] * 4, eval_dataset=held_out)
+    metrics = trainer.evaluate()
+    assert set(metrics) == {"eval_reward", "eval_rewards/reward_len/mean"}
+    assert metrics["eval_reward"] == metrics["eval_rewards/reward_len/mean"] < 0
+    assert trainer.evaluate(metric_key_prefix="test")["test_reward"] == metrics["eval_reward"]   # greedy: the same
+    no_eval = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len, args=args,
+                          train_dataset=[{"prompt": "hi"}] * 4)
+    with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
+        no_eval.evaluate()
+    assert no_eval.evaluate(eval_dataset=held_out) == metrics
