@@ -117,3 +117,23 @@ def test_bad_generate_arguments_raise_clear_errors(tiny_dir):
         generate(model, ids, mask, max_new_tokens=4, top_p=0.0)
     with pytest.raises(ValueError, match="empty"):
         generate(model, ids, mask * 0, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("penalty", [1.5, 0.7])
+def test_repetition_penalty_tokens_identical_to_transformers(tiny_dir, family, penalty):
+    """transformers' RepetitionPenaltyLogitsProcessor over the prompt (not its left padding) and the tokens generated:
+    greedy rows equal transformers' (and differ from unpenalized ones, so the penalty is exercised)."""
+    path = tiny_dir(family)
+    model = jaxcore.load_hf(path)
+    ids, mask = prompts(model.config.vocab_size)
+    ours = np.asarray(generate(model, ids, mask, max_new_tokens=NEW_TOKENS, temperature=0.0,
+                               repetition_penalty=penalty).tokens)
+    reference = load_reference(path)
+    with torch.no_grad():
+        out = reference.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False,
+                                 max_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=None,
+                                 repetition_penalty=penalty)
+    np.testing.assert_array_equal(ours, out[:, ids.shape[1]:].numpy())
+    plain = np.asarray(generate(model, ids, mask, max_new_tokens=NEW_TOKENS, temperature=0.0).tokens)
+    assert (ours != plain).any()

@@ -59,7 +59,7 @@ from jaxcore.inference.generate import (
     place_rows,
     prefill,
 )
-from jaxcore.inference.sampling import SamplingConfig
+from jaxcore.inference.sampling import SamplingConfig, seen_tokens
 from jaxcore.model.transformer import KVCache
 from jaxcore.parallel.rows import allgather_sum, gather_rows, owned_rows
 from jaxcore.rewards.types import Example
@@ -321,7 +321,8 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     prompts = [row[m.astype(bool)].tolist() for row, m in zip(ids_BT, mask_BT)]
 
     sampling = (SamplingConfig(0.0) if key is None else
-                SamplingConfig(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p))
+                SamplingConfig(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p,
+                               rollout.repetition_penalty))
     key = key if key is not None else jax.random.key(0)
     eos = tuple(int(e) for e in eos_token_ids)
     place = functools.partial(place_rows, row_sharding=row_sharding)     # host arrays where the rows live
@@ -353,9 +354,11 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     for turn in range(budget):          # every turn adds a token to some row: the budget bounds the turns
         logits_BV = jnp.where(place(active[:, None]), logits_BV, forced_eos_V)     # waiting rows: EOS at once
         positions_B = np.array([len(p) + len(c) for p, c in zip(prompts, completion)], np.int32)
+        seen_BV = (None if sampling.repetition_penalty == 1.0 else     # the episode so far, tool results too
+                   place(seen_tokens([p + c for p, c in zip(prompts, completion)], model.config.vocab_size)))
         result, cache = decode(model, cache, logits_BV, place(positions_B), jnp.int32(index),
                                jax.random.fold_in(key, turn), max_new_tokens=per_turn, sampling=sampling,
-                               eos_ids=eos, pad_id=int(pad_token_id))
+                               eos_ids=eos, pad_id=int(pad_token_id), seen_BV=seen_BV)
         tokens_BN, logp_BN = gather_rows(result.tokens), gather_rows(result.logprobs)
         lengths_B, finished_B = gather_rows(result.lengths), gather_rows(result.finished)
         steps = min(int(lengths_B.max()), per_turn - 1)        # decode steps run = slots written

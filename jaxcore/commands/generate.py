@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=field_flag(SAMPLING, "top_k"), default=0)
     parser.add_argument("--top-p", type=field_flag(SAMPLING, "top_p"), default=1.0)
     parser.add_argument("--min-p", type=field_flag(SAMPLING, "min_p"), default=0.0)
+    parser.add_argument("--repetition-penalty", type=field_flag(SAMPLING, "repetition_penalty"), default=1.0,
+                        help="> 1: tokens already in the prompt or completion are less likely (transformers')")
     parser.add_argument("--num-return-sequences", type=flag_type(POSITIVE), default=1)
     parser.add_argument("--batch-size", type=flag_type(POSITIVE), default=64, help="prompts per generate call")
     parser.add_argument("--seed", type=field_flag(TRAIN, "seed"), default=0)
@@ -115,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = generate(model, ids, mask, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                  min_p=args.min_p, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
+                                  min_p=args.min_p, repetition_penalty=args.repetition_penalty, eos_token_ids=eos,
+                                  pad_token_id=tokenizer.pad_token_id,
                                   num_return_sequences=args.num_return_sequences,
                                   key=jax.random.fold_in(key, index))
             except ValueError as err:

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcore.inference.logprobs import token_logprobs
-from jaxcore.inference.sampling import SamplingConfig, sample_next
+from jaxcore.inference.sampling import SamplingConfig, penalize_repetition, sample_next, seen_tokens
 from jaxcore.model.lora import LoRAKernel
 from jaxcore.model.transformer import KVCache, positions_from_mask
 
@@ -127,17 +127,25 @@ def row_shards(row_sharding: jax.sharding.Sharding | None) -> int:
                    donate_argnames=("cache",))
 def decode(model: nnx.Module, cache: KVCache, logits_BV: Array, next_position_B: Array,
            start_index: Array, key: Array, *, max_new_tokens: int, sampling: SamplingConfig,
-           eos_ids: tuple[int, ...], pad_id: int, with_logprobs: bool = True) -> tuple[GenerationResult, KVCache]:
+           eos_ids: tuple[int, ...], pad_id: int, with_logprobs: bool = True, seen_BV: Array | None = None
+           ) -> tuple[GenerationResult, KVCache]:
     """The jitted decode loop: up to `max_new_tokens` tokens per row sampled from `logits_BV` on, each written to
     the (donated) cache at slot `start_index + step` with position `next_position_B + step`; stops when every
     row has emitted an EOS. Returns the tokens and the cache (`jaxcore.agents` keeps it across turns). Without
     `with_logprobs` the logprobs stay 0 (a log-sum-exp over the vocabulary per step saved: 2.5 ms of a ~110 ms
-    step over SmolLM2's 49,152 logits at 60 rows on two CPU cores)."""
+    step over SmolLM2's 49,152 logits at 60 rows on two CPU cores). With `sampling.repetition_penalty` != 1,
+    `seen_BV` holds the tokens each row has seen (`sampling.seen_tokens`), and every sampled one joins them; the
+    logprobs stay the model's own (before the penalty: the policy's, as a training forward computes them)."""
     rows = logits_BV.shape[0]
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+    penalized = sampling.repetition_penalty != 1.0
+    if penalized and seen_BV is None:
+        raise ValueError("a repetition penalty needs seen_BV, the tokens each row has seen")
+    seen_BV = seen_BV if penalized else jnp.zeros((rows, 1), bool)          # carried only where it is read
 
-    def emit(step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN):
-        token_B = sample_next(logits_BV, jax.random.fold_in(key, step), sampling)
+    def emit(step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV):
+        drawn_from_BV = penalize_repetition(logits_BV, seen_BV, sampling.repetition_penalty) if penalized else logits_BV
+        token_B = sample_next(drawn_from_BV, jax.random.fold_in(key, step), sampling)
         logprob_B = (token_logprobs(logits_BV[:, None], token_B[:, None])[:, 0] if with_logprobs
                      else jnp.zeros(token_B.shape, jnp.float32))
         token_B = jnp.where(done_B, pad_id, token_B)
@@ -145,42 +153,47 @@ def decode(model: nnx.Module, cache: KVCache, logits_BV: Array, next_position_B:
         logprobs_BN = logprobs_BN.at[:, step].set(jnp.where(done_B, 0.0, logprob_B))
         lengths_B = lengths_B + (~done_B).astype(jnp.int32)
         now_done_B = done_B | jnp.isin(token_B, eos_E)
-        return token_B, now_done_B, lengths_B, tokens_BN, logprobs_BN
+        if penalized:
+            seen_BV = seen_BV.at[jnp.arange(rows), token_B].set(True)
+        return token_B, now_done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV
 
     def body(carry):
-        step, cache, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN = carry
-        token_B, now_done_B, lengths_B, tokens_BN, logprobs_BN = emit(
-            step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN)
+        step, cache, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV = carry
+        token_B, now_done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV = emit(
+            step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV)
         logits_B1V, cache = model.forward_cached(
             token_B[:, None], (next_position_B + step)[:, None], (~done_B)[:, None], cache,
             start_index + step, last_only=True)
-        return step + 1, cache, logits_B1V[:, 0], now_done_B, lengths_B, tokens_BN, logprobs_BN
+        return step + 1, cache, logits_B1V[:, 0], now_done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV
 
     def keep_going(carry):
         step, done_B = carry[0], carry[3]
         return (step < max_new_tokens - 1) & ~jnp.all(done_B)
 
     init = (jnp.int32(0), cache, logits_BV, jnp.zeros(rows, bool), jnp.zeros(rows, jnp.int32),
-            jnp.full((rows, max_new_tokens), pad_id, jnp.int32), jnp.zeros((rows, max_new_tokens), jnp.float32))
-    step, cache, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN = jax.lax.while_loop(keep_going, body, init)
-    _, done_B, lengths_B, tokens_BN, logprobs_BN = emit(step, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN)
+            jnp.full((rows, max_new_tokens), pad_id, jnp.int32), jnp.zeros((rows, max_new_tokens), jnp.float32),
+            seen_BV)
+    step, cache, logits_BV, done_B, lengths_B, tokens_BN, logprobs_BN, seen_BV = jax.lax.while_loop(
+        keep_going, body, init)
+    _, done_B, lengths_B, tokens_BN, logprobs_BN, _ = emit(step, logits_BV, done_B, lengths_B, tokens_BN,
+                                                           logprobs_BN, seen_BV)
     # Returning the cache lets XLA alias the donated input buffers (no copy into the loop state).
     return GenerationResult(tokens_BN, logprobs_BN, lengths_B, done_B), cache
 
 
 def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-             eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1, key: Array | None = None,
-             pad_token_id: int = 0, row_sharding: jax.sharding.Sharding | None = None,
+             repetition_penalty: float = 1.0, eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1,
+             key: Array | None = None, pad_token_id: int = 0, row_sharding: jax.sharding.Sharding | None = None,
              logprobs: bool = True) -> GenerationResult:
     """Sample `max_new_tokens` per row after left-padded prompts.
 
-    `temperature=0` is greedy. Filters apply in transformers' order (temperature, top-k, top-p,
-    min-p). With `num_return_sequences=n` every prompt is sampled n times, rows prompt-major.
+    `temperature=0` is greedy. Filters apply in transformers' order (repetition penalty, temperature, top-k,
+    top-p, min-p). With `num_return_sequences=n` every prompt is sampled n times, rows prompt-major.
     `row_sharding` optionally places the rows on a mesh (e.g. sharded over a data axis).
     `logprobs=False` leaves `result.logprobs` at 0 and skips computing them (as HF's `output_scores=False`).
     """
-    sampling = SamplingConfig(temperature, top_k, top_p, min_p)
+    sampling = SamplingConfig(temperature, top_k, top_p, min_p, repetition_penalty)
     ids_BT, mask_BT = np.asarray(input_ids_BT, np.int32), np.asarray(attention_mask_BT, np.int32)
     if ids_BT.ndim != 2 or ids_BT.shape != mask_BT.shape:
         raise ValueError(f"input_ids {ids_BT.shape} and attention_mask {mask_BT.shape} must both be [B, T]")
@@ -193,6 +206,9 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
     if (mask_BT[:, -1] == 0).any():
         raise ValueError("prompts must be left-padded (attention_mask[:, -1] must be 1)")
     config = model.config
+    seen_BV = None
+    if repetition_penalty != 1.0:                   # each row's tokens, as transformers' input_ids hold them
+        seen_BV = seen_tokens([row[m.astype(bool)] for row, m in zip(ids_BT, mask_BT)], config.vocab_size)
     length = bucket_length(ids_BT.shape[1])
     longest = int(mask_BT.sum(-1).max())        # positions come from the mask: the bucket's padding takes none
     if longest + max_new_tokens > config.max_position_embeddings and config.learned_positions:
@@ -209,8 +225,11 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
     model = in_compute_dtype(model)                 # once per call, not in every decode step
     logits_BV, cache = prefill(model, ids, mask, cache_length=length + max_new_tokens, repeats=repeats)
     next_position_B = place_rows(np.repeat(mask_BT.sum(-1, dtype=np.int32), repeats), row_sharding)
+    if seen_BV is not None:
+        seen_BV = place_rows(np.repeat(np.repeat(seen_BV, n, axis=0) if n > repeats else seen_BV, repeats, axis=0),
+                             row_sharding)
     result, _ = decode(model, cache, logits_BV, next_position_B, jnp.int32(length),
                        key if key is not None else jax.random.key(0), max_new_tokens=max_new_tokens,
                        sampling=sampling, eos_ids=tuple(int(e) for e in eos_token_ids), pad_id=int(pad_token_id),
-                       with_logprobs=logprobs)
+                       with_logprobs=logprobs, seen_BV=seen_BV)
     return result

@@ -1,18 +1,21 @@
 """Next-token sampling with transformers' filters, in transformers' order.
 
-temperature -> top-k -> top-p -> min-p, each exactly as the HF logits warpers compute it
-(`TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`,
-min_tokens_to_keep=1). `temperature == 0` means greedy (argmax of the raw logits).
+repetition penalty -> temperature -> top-k -> top-p -> min-p, each exactly as the HF logits processors compute it
+(`RepetitionPenaltyLogitsProcessor`, `TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`,
+`MinPLogitsWarper`, min_tokens_to_keep=1). `temperature == 0` means greedy (argmax of the logits, after the
+repetition penalty as in transformers).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Annotated
 
 import jax
 import jax.numpy as jnp
-from annotated_types import Ge, Interval
+import numpy as np
+from annotated_types import Ge, Gt, Interval
 
 from jaxcore.config.schema import Checked
 
@@ -29,10 +32,26 @@ class SamplingConfig(Checked):
     top_k: Annotated[int, Ge(0)] = 0                    # 0: no top-k filter
     top_p: Annotated[float, Interval(gt=0, le=1)] = 1.0
     min_p: Annotated[float, Interval(ge=0, le=1)] = 0.0
+    repetition_penalty: Annotated[float, Gt(0)] = 1.0   # 1: none; > 1 makes tokens already in the row less likely
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def penalize_repetition(logits_BV: Array, seen_BV: Array, penalty: float) -> Array:
+    """transformers' RepetitionPenaltyLogitsProcessor: the logit of each token already in the row (`seen_BV`)
+    divided by `penalty` where positive, multiplied by it where negative."""
+    penalized_BV = jnp.where(logits_BV < 0, logits_BV * penalty, logits_BV / penalty)
+    return jnp.where(seen_BV, penalized_BV, logits_BV)
+
+
+def seen_tokens(rows: Sequence[Sequence[int]], vocab_size: int) -> np.ndarray:
+    """[B, V] bool: the tokens of each row, its left padding left out (as transformers' generate does)."""
+    seen_BV = np.zeros((len(rows), vocab_size), bool)
+    for i, row in enumerate(rows):
+        seen_BV[i, np.asarray(row, np.int64)] = True
+    return seen_BV
 
 
 def filter_logits(logits_BV: Array, cfg: SamplingConfig) -> Array:

@@ -35,7 +35,8 @@ def sample(model: Any, ids: np.ndarray, mask: np.ndarray, rollout: RolloutConfig
     """Completions of every prompt row with the rollout's sampling settings; with `key` None greedy
     (temperature 0, no filters: held-out evaluation). `logprobs=False` where nothing reads them (ES, evaluation)."""
     settings = (dict(temperature=0.0) if key is None else
-                dict(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p))
+                dict(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p,
+                     repetition_penalty=rollout.repetition_penalty))
     return generate(model, ids, mask, max_new_tokens=rollout.max_new_tokens, **settings, eos_token_ids=eos_token_ids,
                     num_return_sequences=num_return_sequences, key=key, pad_token_id=pad_token_id,
                     row_sharding=row_sharding, logprobs=logprobs)

@@ -243,6 +243,8 @@ HANDLED: dict[str, str] = {
     "top_p": "rollout.top_p",
     "top_k": "rollout.top_k",
     "min_p": "rollout.min_p (None: 0)",
+    "repetition_penalty": "rollout.repetition_penalty (transformers' processor: the prompt without its padding, "
+                          "and the completion so far)",
     "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
     "reward_weights": "rewards.weights",
     "scale_rewards": "grpo.scale_rewards (True: group, False: none, as TRL)",
@@ -336,6 +338,5 @@ REFUSED: dict[str, str] = {
     "num_generations_eval": "jaxcore's evaluation is one greedy completion per held-out prompt",
     "generation_kwargs": "generation takes temperature, top_p, top_k and min_p",
     "chat_template_kwargs": "the chat template is rendered without extra arguments",
-    "repetition_penalty": "not implemented yet",
     "use_adaptive_entropy": "not implemented yet",
 }

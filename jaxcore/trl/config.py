@@ -19,6 +19,7 @@ from jaxcore.trl.arguments import HANDLED, IGNORED, REFUSED, TRL_DEFAULTS
 TRL_NAME_OF_KEY = {           # a job-config key set from one TRL argument -> that argument (for error messages)
     **{f"grpo.{name}": name for name, target in HANDLED.items() if target == f"grpo.{name}"},
     "rollout.temperature": "temperature", "rollout.top_p": "top_p", "rollout.top_k": "top_k", "rollout.min_p": "min_p",
+    "rollout.repetition_penalty": "repetition_penalty",
     "rollout.generations_per_prompt": "num_generations", "rollout.max_new_tokens": "max_completion_length",
     "rollout.max_tool_calling_iterations": "max_tool_calling_iterations", "rewards.weights": "reward_weights",
     "optimizer.learning_rate": "learning_rate", "optimizer.weight_decay": "weight_decay",
@@ -169,6 +170,7 @@ class GRPOConfig:
         r.max_new_tokens = r.max_episode_tokens = self.max_completion_length
         r.temperature, r.top_p, r.top_k = self.temperature, self.top_p, self.top_k
         r.min_p = 0.0 if self.min_p is None else self.min_p
+        r.repetition_penalty = self.repetition_penalty
         r.max_tool_calling_iterations = self.max_tool_calling_iterations
         job.rewards.weights = None if self.reward_weights is None else [float(w) for w in self.reward_weights]
 

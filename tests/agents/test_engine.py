@@ -296,3 +296,26 @@ def test_an_environment_that_fails_to_build_or_reset_fails_its_row_only(path, to
     with pytest.raises(TaskError, match=r"^environment_factory: building an instance raised RuntimeError: no sandbox "
                                         r"left$"):
         Environments(resolve_factories(TroubledEnv))
+
+
+def test_a_repetition_penalty_reaches_the_episodes_turns(path, tokenizer):
+    """The engine's turns draw with the rollout's repetition penalty over the episode so far: a greedy first turn
+    equals `generate`'s with the same penalty over the same prompt (and differs from an unpenalized one)."""
+    import dataclasses
+
+    import jaxcore
+    from jaxcore.inference.generate import generate
+
+    model = jaxcore.load_hf(path)
+    agent = Agent(load_tools([trl_tools.add]), max_episode_tokens=40)
+    rollout = RolloutConfig(max_new_tokens=40, temperature=0.0, repetition_penalty=1.8)
+    episodes = run_episodes(agent, model, tokenizer, [EXAMPLE], rollout, key=jax.random.key(0),
+                            eos_token_ids=(), pad_token_id=tokenizer.pad_token_id)
+    plain = run_episodes(agent, model, tokenizer, [EXAMPLE], dataclasses.replace(rollout, repetition_penalty=1.0),
+                         key=jax.random.key(0), eos_token_ids=(), pad_token_id=tokenizer.pad_token_id)
+    prompt = episodes.prompt_ids_BT[:, episodes.prompt_mask_BT[0].astype(bool)]
+    alone = generate(model, prompt, np.ones_like(prompt), max_new_tokens=40, temperature=0.0,
+                     repetition_penalty=1.8, pad_token_id=tokenizer.pad_token_id)
+    tokens, _ = episode_tokens(episodes, 0)
+    assert tokens == np.asarray(alone.tokens)[0, :len(tokens)].tolist() and len(tokens) > 5
+    assert tokens != episode_tokens(plain, 0)[0]

@@ -49,7 +49,7 @@ def test_arguments_without_effect_warn_once_naming_each():
 
 
 @pytest.mark.parametrize("kwargs, named", [
-    ({"repetition_penalty": 1.1}, "repetition_penalty=1.1"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty=0.0"),
     ({"use_adaptive_entropy": True}, "use_adaptive_entropy=True"),
     ({"fp16": True}, "fp16=True"),
     ({"optim": "adafactor"}, "optim='adafactor'"),
@@ -125,7 +125,7 @@ def test_mapped_arguments_reach_the_job_config():
                       warmup_steps=0.5, max_steps=4, lr_scheduler_type="cosine", weight_decay=0.1, bf16=True,
                       save_steps=2, save_total_limit=2, seed=7, reward_weights=[1.0, 0.5],
                       mask_truncated_completions=True, gradient_checkpointing=False,
-                      multi_objective_aggregation="normalize_then_sum")
+                      multi_objective_aggregation="normalize_then_sum", repetition_penalty=1.2)
     job = args.to_job_config(devices=1, train_rows=32)
     assert (job.optimizer.learning_rate, job.optimizer.schedule, job.optimizer.warmup_steps,
             job.optimizer.weight_decay) == (3e-5, "cosine", 2, 0.1)
@@ -133,7 +133,7 @@ def test_mapped_arguments_reach_the_job_config():
             job.grpo.mask_truncated_completions, job.grpo.multi_objective_aggregation) == (
         0.04, 0.3, "grpo", "none", True, "normalize_then_sum")
     assert (job.rollout.temperature, job.rollout.top_p, job.rollout.top_k, job.rollout.min_p,
-            job.rollout.max_new_tokens) == (0.7, 0.9, 5, 0.1, 24)
+            job.rollout.max_new_tokens, job.rollout.repetition_penalty) == (0.7, 0.9, 5, 0.1, 24, 1.2)
     assert (job.train.out_dir, job.train.seed, job.train.checkpoint_every, job.train.max_to_keep,
             job.train.tensorboard) == ("out", 7, 2, 2, False)
     assert (job.model.dtype, job.model.remat, job.rewards.weights) == ("bfloat16", False, [1.0, 0.5])
