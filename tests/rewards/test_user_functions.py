@@ -470,3 +470,44 @@ def test_a_resume_over_a_changed_dataset_file_is_refused(user_files, tiny_dir, c
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "dataset: its examples are not those the run started from" in err, err
     assert main(["es", "--resume", "--resume-allow-changes", *again[2:]]) == 0
+
+
+EDITING_PY = '''
+def scaled_by_prompt(prompts, completions, completion_ids, **kwargs):
+    """A reward that reads its prompts' length, then appends to them (a bug a user's code may have)."""
+    values = [float(len(ids) * len(prompt)) for ids, prompt in zip(completion_ids, prompts)]
+    for prompt in prompts:
+        prompt.append({"role": "user", "content": "again"})
+    return values
+'''
+
+
+def test_straight_resumed_and_worker_runs_agree_under_a_reward_that_edits_its_prompts(user_files, tiny_dir, capsys):
+    """Issue 38's bar: a straight run, one stopped after an epoch and resumed, and one with reward worker processes
+    end at the same weights, bit for bit (before: the edits stayed in the straight run's dataset, so its later
+    epochs were scored on longer prompts; a resumed run and the workers' pickled copies saw the file's)."""
+    from safetensors.numpy import load_file
+
+    (user_files / "editing.py").write_text(EDITING_PY)
+    data = user_files / "few.jsonl"             # 4 train rows, 4 prompts an epoch: every epoch sees each again
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}+{a}="}]}) + "\n"
+                            for a in range(5)))
+
+    def args(out, *extra):
+        return run_args(tiny_dir("llama"), out, data, f"rewards.functions=[{user_files}/editing.py:scaled_by_prompt]",
+                        "task.options.eval_fraction=0.2", "train.eval_every=-1", "train.export_hf=true", *extra)
+
+    runs = {"straight": args(user_files / "straight", "train.epochs=3"),
+            "workers": args(user_files / "workers", "train.epochs=3", "rewards.num_workers=1")}
+    for name, argv in runs.items():
+        assert main(argv) == 0, (name, capsys.readouterr().err)
+    resumed = args(user_files / "resumed", "train.epochs=1")
+    assert main(resumed) == 0, capsys.readouterr().err
+    assert main(["es", "--resume", *args(user_files / "resumed", "train.epochs=3")[1:]]) == 0, capsys.readouterr().err
+    weights = {name: load_file(str(user_files / name / "final_hf" / "model.safetensors"))
+               for name in ("straight", "workers", "resumed")}
+    for name in ("workers", "resumed"):
+        for key, value in weights["straight"].items():
+            np.testing.assert_array_equal(weights[name][key], value, err_msg=f"{name}: {key}")
+    start = load_file(str(tiny_dir("llama") / "model.safetensors"))
+    assert any(not np.array_equal(weights["straight"][k], start[k]) for k in start)       # it trained
