@@ -84,7 +84,7 @@ class GRPOTrainer:
                               eval_dataset=eval_dataset if eval_dataset is not None else train_dataset,
                               tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None,
                               tools=tools, environment_factory=environment_factory)
-        self.job_trainer = self._job_trainer(devices=1)        # every argument checked now, before any work
+        self.job_trainer = self._job_trainer(data_parallel_devices())   # every argument checked now, before any work
         self.state = TrainerState()
 
     def _job_trainer(self, devices: int) -> JobTrainer:
@@ -99,11 +99,8 @@ class GRPOTrainer:
         continues from that run's latest checkpoint). Returns transformers' `TrainOutput`."""
         import jax
 
-        from jaxcore.parallel.meshes import maybe_initialize_distributed
-
         resume = self._resume(resume_from_checkpoint)
-        maybe_initialize_distributed()
-        devices = jax.device_count()
+        devices = data_parallel_devices()
         self.job_trainer = self._job_trainer(devices)
         job = self.job_trainer.args
         per_rollout = job.grpo.num_iterations * job.grpo.steps_per_rollout
@@ -182,6 +179,17 @@ class GRPOTrainer:
         for file in source.iterdir():
             if file.is_file():
                 shutil.copy2(file, target / file.name)
+
+
+def data_parallel_devices() -> int:
+    """The devices GRPO's rows are split over (TRL's world size: a JAX device is a TRL process), after joining a
+    multi-process run configured in the environment (JAX_COORDINATOR_ADDRESS, as TRL reads accelerate's)."""
+    import jax
+
+    from jaxcore.parallel.meshes import maybe_initialize_distributed
+
+    maybe_initialize_distributed()
+    return jax.device_count()
 
 
 def lora_config(peft_config: Any) -> LoRAConfig:

@@ -181,13 +181,27 @@ def test_evaluate_scores_the_eval_dataset_under_trls_metric_names(tiny_dir, tmp_
                       max_completion_length=4, max_steps=1)
     held_out = [{"prompt": f"Describe {i}."} for i in range(5)]
     trainer = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len, args=args,
-                          train_dataset=[{"prompt": "hi"}] * 4, eval_dataset=held_out)
+                          train_dataset=[{"prompt": "hi"}] * 8, eval_dataset=held_out)    # 8 prompts on 8 devices
     metrics = trainer.evaluate()
     assert set(metrics) == {"eval_reward", "eval_rewards/reward_len/mean"}
     assert metrics["eval_reward"] == metrics["eval_rewards/reward_len/mean"] < 0
     assert trainer.evaluate(metric_key_prefix="test")["test_reward"] == metrics["eval_reward"]   # greedy: the same
     no_eval = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len, args=args,
-                          train_dataset=[{"prompt": "hi"}] * 4)
+                          train_dataset=[{"prompt": "hi"}] * 8)
     with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
         no_eval.evaluate()
     assert no_eval.evaluate(eval_dataset=held_out) == metrics
+
+
+def test_the_trainer_counts_this_runs_devices_as_trls_processes(tiny_dir):
+    """(Before: the trainer checked and built the run for one device, so 8 devices at per_device_train_batch_size
+    2 and num_generations 4 were refused as 2 completions per generation.)"""
+    import jax
+
+    from jaxcore.trl import GRPOTrainer
+
+    args = GRPOConfig(output_dir="x", per_device_train_batch_size=2, num_generations=4, max_steps=1)
+    trainer = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=args, train_dataset=[{"prompt": "hi"}] * 8)
+    job = trainer.job_trainer.args
+    assert job.rollout.prompts_per_epoch * job.rollout.generations_per_prompt == 2 * jax.device_count()
