@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
                 "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "cispo_clip_ratio",
-                "vespo/phi_seq_mean", "policy_loss")
+                "vespo/phi_seq_mean", "policy_loss", "entropy_coef")
 
 
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:
@@ -158,11 +158,13 @@ class GRPOAlgorithm(Algorithm):
                "num_tokens": np.asarray(self.num_tokens, np.int64)}
         if self.cfg.grpo.sync_ref_model:      # the reference moves: resume needs it
             out["ref_params"] = ref
+        if s.entropy_control is not None:     # the adaptive entropy controller: resume continues it
+            out["entropy_control"] = s.entropy_control
         return out
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        self.learner.load_layer_state(TrainState(state["step"], state["params"], state["opt_state"]),
-                                      state.get("ref_params"))
+        self.learner.load_layer_state(TrainState(state["step"], state["params"], state["opt_state"],
+                                                 state.get("entropy_control")), state.get("ref_params"))
         self.num_tokens = int(state["num_tokens"])
 
     # -- one epoch -------------------------------------------------------------------------------

@@ -41,6 +41,14 @@ class GRPOLossConfig:
     importance_sampling_level: ImportanceSamplingLevel = "token"   # sequence: GSPO, exp(mean log-ratio) per row
     top_entropy_quantile: Annotated[float, Interval(ge=0, le=1)] = 1.0   # policy loss on the top-q entropy tokens
     entropy_coef: float = 0.0               # loss -= entropy_coef * mean token entropy
+    # TRL's adaptive controller: the coefficient (starting at entropy_coef) moves by entropy_coef_delta within
+    # [entropy_coef_min, entropy_coef_max] after each optimiser step, up while the step's token entropy is at or
+    # below entropy_target, down above it; the bonus applies only while the last step's entropy was at or below it
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: Annotated[float, Ge(0)] = 0.0
+    entropy_coef_max: Annotated[float, Ge(0)] = 1.0
+    entropy_coef_delta: Annotated[float, Ge(0)] = 0.005
+    entropy_target: float = 0.2
     off_policy_mask_threshold: float | None = None   # drop A < 0 rows whose mean (old - new) log-prob > this
     sapo_temperature_pos: Annotated[float, Gt(0)] = 1.0
     sapo_temperature_neg: Annotated[float, Gt(0)] = 1.05

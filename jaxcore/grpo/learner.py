@@ -120,7 +120,11 @@ class GRPOLearner:
         opt_state = jax.jit(self.optimizer.init, out_shardings=opt_shardings)(params)   # moments like the params
         step0 = jnp.zeros((), jnp.int32) if mesh is None else jax.device_put(jnp.zeros((), jnp.int32),
                                                                              replicated(mesh))
-        self.state = TrainState(step0, params, opt_state)
+        control = (jnp.asarray([cfg.grpo.entropy_coef, jnp.inf], jnp.float32) if cfg.grpo.use_adaptive_entropy
+                   else None)                     # TRL's controller: no bonus before a step's entropy is known
+        if control is not None and mesh is not None:
+            control = jax.device_put(control, replicated(mesh))
+        self.state = TrainState(step0, params, opt_state, control)
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh is not None else None
         self.state_shardings = state_shardings
         self.abstract_state = _abstract(self.state)     # what every step sees (the thread making programs reads it)
@@ -177,7 +181,7 @@ class GRPOLearner:
             return state, ref
         params = state.params
         state = TrainState(state.step, self.to_layer_layout(params),
-                           layer_stack.map_like(self.to_layer_layout, state.opt_state, params))
+                           layer_stack.map_like(self.to_layer_layout, state.opt_state, params), state.entropy_control)
         return state, None if ref is None else layer_stack.unstack_params(ref)
 
     def load_layer_state(self, state: TrainState, ref: Params | None = None) -> None:
@@ -185,7 +189,8 @@ class GRPOLearner:
         if self.scanned:
             params = state.params
             state = TrainState(state.step, self.to_training_layout(params),
-                               layer_stack.map_like(self.to_training_layout, state.opt_state, params))
+                               layer_stack.map_like(self.to_training_layout, state.opt_state, params),
+                               state.entropy_control)
             ref = None if ref is None else layer_stack.stack_params(ref)
             if self.mesh is not None:
                 state = jax.device_put(state, self.state_shardings)

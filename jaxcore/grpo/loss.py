@@ -32,6 +32,21 @@ def option(cfg: Any, name: str) -> Any:
     return getattr(cfg, name, _DEFAULTS[name])
 
 
+def entropy_bonus_enabled(cfg: Any) -> bool:
+    """Whether the loss has the entropy bonus term: a non-zero entropy_coef, or the adaptive controller (whose
+    coefficient may sink to 0 and rise again: TRL's `_entropy_bonus_enabled`)."""
+    return option(cfg, "entropy_coef") != 0.0 or bool(option(cfg, "use_adaptive_entropy"))
+
+
+def adapted_entropy_coef(coef: Array, window_entropy: Array, cfg: Any) -> Array:
+    """TRL's controller after an optimiser step whose token-weighted entropy was `window_entropy`: the coefficient
+    up by entropy_coef_delta (at most entropy_coef_max) at or below entropy_target, down (at least
+    entropy_coef_min) above it."""
+    up = jnp.minimum(coef + cfg.entropy_coef_delta, cfg.entropy_coef_max)
+    down = jnp.maximum(coef - cfg.entropy_coef_delta, cfg.entropy_coef_min)
+    return jnp.where(window_entropy <= cfg.entropy_target, up, down)
+
+
 def clip_range(cfg: Any) -> tuple[float, float]:
     """(1 - epsilon, 1 + epsilon_high), with epsilon_high defaulting to epsilon as in TRL."""
     return 1.0 - cfg.epsilon, 1.0 + upper_epsilon(cfg)
@@ -141,8 +156,8 @@ def per_token_policy_loss(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, ad
 
 def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | None, advantages_B: Array,
               mask_BT: Array, cfg: Any, num_items_in_batch: Array | float | None = None, *,
-              entropy_BT: Array | None = None, accumulation_steps: int = 1, max_completion_length: int | None = None
-              ) -> tuple[Array, dict[str, Array]]:
+              entropy_BT: Array | None = None, accumulation_steps: int = 1, max_completion_length: int | None = None,
+              entropy_coef: Array | float | None = None) -> tuple[Array, dict[str, Array]]:
     """TRL's `_compute_loss` after the forward: policy term, entropy mask, KL, aggregation, entropy bonus.
 
     ratio = exp(logp - old_logp) per token, or exp(masked mean of it) per row at sequence level
@@ -152,15 +167,19 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     loss is divided by n except for the dapo/cispo/vespo types (`num_items_in_batch` spans the step).
     `entropy_BT` (differentiable) is needed for `top_entropy_quantile` < 1 and `entropy_coef` != 0.
     `max_completion_length` (TRL's; a job's rollout.completion_tokens) is dr_grpo's constant normaliser and
-    needed by it only.
+    needed by it only. `entropy_coef` (default: the config's) is the bonus's coefficient this step, a traced value
+    under `use_adaptive_entropy` (`entropy_bonus_enabled`: the bonus term is then always in the loss); the bonus's
+    token entropy sum and count are in the metrics (`entropy_sum`, `entropy_tokens`) for the controller.
     Masked positions are zeroed before any exp, so junk log-probs there cannot produce inf/NaN.
     """
     mask_BT = jnp.asarray(mask_BT).astype(bool)
     logp_BT = logp_BT.astype(jnp.float32)
     old_logp_BT = jax.lax.stop_gradient(logp_BT) if old_logp_BT is None else old_logp_BT.astype(jnp.float32)
     advantages_B1 = jnp.asarray(advantages_B, jnp.float32)[:, None]
-    quantile, entropy_coef = option(cfg, "top_entropy_quantile"), option(cfg, "entropy_coef")
-    if entropy_BT is None and (quantile < 1.0 or entropy_coef != 0.0):
+    quantile = option(cfg, "top_entropy_quantile")
+    bonus = entropy_bonus_enabled(cfg)
+    entropy_coef = option(cfg, "entropy_coef") if entropy_coef is None else entropy_coef
+    if entropy_BT is None and (quantile < 1.0 or bonus):
         raise ValueError("top_entropy_quantile < 1 and entropy_coef != 0 need entropy_BT")
     entropy_mask_BT = high_entropy_mask(entropy_BT, mask_BT, quantile) if quantile < 1.0 else None
 
@@ -191,13 +210,16 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     if cfg.beta != 0.0:
         per_token_BT = per_token_BT + cfg.beta * kl_BT
     loss = aggregate(per_token_BT, mask_BT, cfg.loss_type, max_completion_length, num_items_in_batch)
-    if entropy_coef != 0.0:
+    if bonus:
         metrics["policy_loss"] = jax.lax.stop_gradient(loss)
     if cfg.loss_type not in GLOBAL_NORM_TYPES:
         loss = loss / accumulation_steps
-    if entropy_coef != 0.0:
+    if bonus:
         bonus_mask_BT = mask_BT if entropy_mask_BT is None else entropy_mask_BT
         loss = loss - entropy_coef * masked_mean(entropy_BT, bonus_mask_BT) / accumulation_steps
+        if option(cfg, "use_adaptive_entropy"):
+            metrics["entropy_sum"] = jnp.where(bonus_mask_BT, jax.lax.stop_gradient(entropy_BT), 0.0).sum()
+            metrics["entropy_tokens"] = bonus_mask_BT.sum().astype(jnp.float32)
 
     metrics.update({k: masked_mean(v, mask_BT) for k, v in extra.items()})
     if cfg.loss_type in CLIP_TYPES:

@@ -31,7 +31,7 @@ import optax
 from flax import nnx
 
 from jaxcore.grpo.config import GRPOConfig
-from jaxcore.grpo.loss import grpo_loss, masked_mean
+from jaxcore.grpo.loss import adapted_entropy_coef, entropy_bonus_enabled, grpo_loss, masked_mean
 from jaxcore.inference.logprobs import token_logprobs_and_entropy
 from jaxcore.model.transformer import Transformer
 from jaxcore.runtime.fused_adam import FusedAdam
@@ -67,6 +67,9 @@ class TrainState:
     step: Array
     params: Params
     opt_state: Any
+    # with grpo.use_adaptive_entropy: [the entropy coefficient, the last optimiser step's token entropy (inf
+    # before the first: no bonus then)], TRL's controller state; None otherwise
+    entropy_control: Array | None = None
 
 
 def build_batch(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, completion_mask_BC: Any,
@@ -140,8 +143,8 @@ def loss_mask(batch: GRPOBatch, mask_truncated_completions: bool) -> Array:
 
 
 def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
-                    num_items_in_batch: Array | None = None, accumulation_steps: int = 1
-                    ) -> tuple[Array, dict[str, Array]]:
+                    num_items_in_batch: Array | None = None, accumulation_steps: int = 1,
+                    entropy_coef: Array | None = None) -> tuple[Array, dict[str, Array]]:
     """GRPO loss of one (micro-)batch under `model`, with TRL's metrics plus `entropy`: the loss settings
     are `cfg.grpo`, the log-probs at the rollout's temperature, and dr_grpo's normaliser its
     `completion_tokens` (TRL's max_completion_length: a multi-turn episode's max_episode_tokens).
@@ -149,12 +152,12 @@ def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
     g, s = cfg.grpo, batch.completion_start         # only positions from s on can score completion tokens
     mask_BL = loss_mask(batch, g.mask_truncated_completions)[:, s:]
     logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.rollout.temperature,
-                                       entropy_grad=g.entropy_coef != 0.0, start=s)
+                                       entropy_grad=entropy_bonus_enabled(g), start=s)
     old_logp_BL = None if batch.old_logp_BL is None else batch.old_logp_BL[:, s:]
     ref_logp_BL = batch.ref_logp_BL[:, s:] if g.beta != 0.0 else None
     loss, metrics = grpo_loss(logp_BL, old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,
                               num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps,
-                              max_completion_length=cfg.rollout.completion_tokens)
+                              max_completion_length=cfg.rollout.completion_tokens, entropy_coef=entropy_coef)
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)
     return loss, metrics
 
@@ -200,28 +203,37 @@ def make_train_step(build: Builder, cfg: GRPOConfig, optimizer: optax.GradientTr
     n = cfg.grpo.gradient_accumulation_steps
     schedule = make_schedule(cfg.optimizer, cfg.total_steps)     # the learning rate `optimizer` follows, logged
 
-    def micro_loss(params: Params, frozen: Any, micro: GRPOBatch, num_items: Array, key: Array | None
-                   ) -> tuple[Array, dict[str, Array]]:
-        return batch_objective(build(params, frozen, key), micro, cfg, num_items, n)
+    adaptive = cfg.grpo.use_adaptive_entropy
+
+    def micro_loss(params: Params, frozen: Any, micro: GRPOBatch, num_items: Array, key: Array | None,
+                   entropy_coef: Array | None) -> tuple[Array, dict[str, Array]]:
+        return batch_objective(build(params, frozen, key), micro, cfg, num_items, n, entropy_coef)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def step(state: TrainState, frozen: Any, batch: GRPOBatch, num_items: Array, key: Array | None
              ) -> tuple[TrainState, dict[str, Array]]:
+        control = state.entropy_control
+        # TRL's controller: this step's bonus coefficient, from the last step's entropy (inf at first: none)
+        coef = jnp.where(control[1] <= cfg.grpo.entropy_target, control[0], 0.0) if adaptive else None
+
         def accumulate(grads: Params, micro_k: tuple[GRPOBatch, Array]
                        ) -> tuple[Params, tuple[Array, dict[str, Array]]]:
             micro, k = micro_k
             micro_key = None if key is None else jax.random.fold_in(key, k)
-            (loss, metrics), g = grad_fn(state.params, frozen, micro, num_items, micro_key)
+            (loss, metrics), g = grad_fn(state.params, frozen, micro, num_items, micro_key, coef)
             return jax.tree.map(jnp.add, grads, g), (loss, metrics)
 
         if n == 1:     # no accumulation buffer, no loop
-            (loss, metrics), grads = grad_fn(state.params, frozen, batch, num_items, key)
+            (loss, metrics), grads = grad_fn(state.params, frozen, batch, num_items, key, coef)
             losses, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
         else:
             zeros = jax.tree.map(jnp.zeros_like, state.params)
             micros = (_micro_batches(batch, n, micro_batch_sharding), jnp.arange(n))
             grads, (losses, metrics) = jax.lax.scan(accumulate, zeros, micros)
+        if adaptive:    # the window's token-weighted entropy moves the coefficient for the next step
+            window_entropy = metrics.pop("entropy_sum").sum() / jnp.maximum(metrics.pop("entropy_tokens").sum(), 1.0)
+            control = jnp.stack([adapted_entropy_coef(control[0], window_entropy, cfg.grpo), window_entropy])
         metrics = {k: v.mean() for k, v in metrics.items()}   # TRL averages per-micro-batch metrics
         metrics.update(loss=losses.sum(), grad_norm=optax.tree.norm(grads),
                        learning_rate=schedule(state.step), loss_tokens=num_items)
@@ -230,6 +242,11 @@ def make_train_step(build: Builder, cfg: GRPOConfig, optimizer: optax.GradientTr
         params, opt_state, applied = apply_step(optimizer, grads, state.opt_state, state.params,
                                                 metrics["grad_norm"], metrics["loss"])
         metrics["skipped"] = (~applied).astype(jnp.float32)
-        return TrainState(state.step + applied.astype(state.step.dtype), params, opt_state), metrics
+        if adaptive:                  # a skipped step leaves the controller too as it was
+            control = jnp.where(applied, control, state.entropy_control)
+            metrics["entropy_coef"] = control[0]
+        elif entropy_bonus_enabled(cfg.grpo):
+            metrics["entropy_coef"] = jnp.float32(cfg.grpo.entropy_coef)       # TRL logs it whenever it applies
+        return TrainState(state.step + applied.astype(state.step.dtype), params, opt_state, control), metrics
 
     return step

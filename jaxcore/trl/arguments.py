@@ -253,7 +253,8 @@ HANDLED: dict[str, str] = {
         "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
         "mask_truncated_completions", "multi_objective_aggregation", "sync_ref_model", "ref_model_mixup_alpha",
         "ref_model_sync_steps",
-        "top_entropy_quantile", "entropy_coef", "off_policy_mask_threshold", "use_bias_correction_kl")},
+        "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max",
+        "entropy_coef_delta", "entropy_target", "off_policy_mask_threshold", "use_bias_correction_kl")},
 }
 
 _LOGS = "jaxcore logs every rollout to out_dir/metrics.jsonl (and TensorBoard with report_to)"
@@ -321,8 +322,6 @@ IGNORED: dict[str, str] = {
                      "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
                      "use_transformers_continuous_batching", "transformers_continuous_batching_config",
                      "use_transformers_paged"), _VLLM),
-    **dict.fromkeys(("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"),
-                    "used only with use_adaptive_entropy (refused)"),
     **dict.fromkeys(("log_completions", "log_multimodal", "num_completions_to_print", "log_unique_prompts"),
                     "each evaluation logs sample completions"),
 }
@@ -338,5 +337,4 @@ REFUSED: dict[str, str] = {
     "num_generations_eval": "jaxcore's evaluation is one greedy completion per held-out prompt",
     "generation_kwargs": "generation takes temperature, top_p, top_k and min_p",
     "chat_template_kwargs": "the chat template is rendered without extra arguments",
-    "use_adaptive_entropy": "not implemented yet",
 }

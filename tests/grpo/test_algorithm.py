@@ -88,10 +88,15 @@ def test_cli_run_logs_trl_metrics_and_exports(warm, tmp_path, capsys):
     assert (out / "final_hf" / "config.json").is_file() and (out / "reward.png").is_file()
 
 
-def test_straight_run_equals_resumed_run(warm, tmp_path, capsys):
+@pytest.mark.parametrize("extra", [[], ["grpo.use_adaptive_entropy=true", "grpo.entropy_coef=0.01",
+                                          "grpo.entropy_target=100"]], ids=["plain", "adaptive-entropy"])
+def test_straight_run_equals_resumed_run(warm, tmp_path, capsys, extra):
+    """(adaptive-entropy: the controller's state is checkpointed; a resumed run that started it again would apply
+    another coefficient from the resume on.)"""
     model = warm["hf"]
     # constant lr: the default linear decay's horizon is train.epochs, which differs between the runs
-    common = ["train.eval_every=-1", "train.checkpoint_every=1", "grpo.num_iterations=2", "optimizer.schedule=constant"]
+    common = ["train.eval_every=-1", "train.checkpoint_every=1", "grpo.num_iterations=2", "optimizer.schedule=constant",
+              *extra]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run_cli(capsys, *grpo_args(model, straight, "train.epochs=4", *common))[0] == 0
     assert run_cli(capsys, *grpo_args(model, resumed, "train.epochs=2", *common))[0] == 0

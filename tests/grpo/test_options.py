@@ -91,3 +91,48 @@ def test_skipped_step_does_not_sync_the_reference(path, tiny_dir, batch, grpo_jo
     learner.step(prepared)                                        # step 3: no sync
     for x, y in zip(ref2, ref_leaves(), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("target, moved", [(100.0, "up"), (0.2, "down")])
+def test_adaptive_entropy_follows_trls_controller(path, batch, grpo_job, target, moved):
+    """TRL's use_adaptive_entropy over two optimiser steps of two micro-batches each: the first step applies no
+    bonus (the last step's entropy is unknown: inf); after each step the coefficient moves by entropy_coef_delta,
+    up when the step's token-weighted entropy is at or below entropy_target, down otherwise, within
+    [entropy_coef_min, entropy_coef_max]; the second step's loss is the static loss with the coefficient the
+    controller chose (0 when the last entropy was above the target)."""
+    settings = dict(loss_type="dapo", learning_rate=1e-3, max_completion_length=8, gradient_accumulation_steps=2,
+                    max_grad_norm=0.0)
+    adaptive = grpo_job(**settings, use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.04,
+                        entropy_coef_min=0.07, entropy_coef_max=0.13, entropy_target=target)
+    learner = GRPOLearner(jaxcore.load_hf(path), adaptive)
+    prepared = learner.prepare(batch)
+    mask = np.asarray(prepared.completion_mask_BL, bool)[:, prepared.completion_start:]
+
+    def window_entropy(model) -> float:
+        """TRL's: the entropy of every active token of the step (both micro-batches), token-weighted."""
+        from jaxcore.grpo.step import policy_logps
+
+        entropy = np.asarray(policy_logps(model, prepared.input_ids_BT, prepared.attention_mask_BT,
+                                          start=prepared.completion_start)[1])
+        return float(entropy[mask].mean())
+
+    def static_loss(coef: float) -> float:
+        """The loss of this step from the same state under a fixed entropy_coef."""
+        static = GRPOLearner(jaxcore.load_hf(path), grpo_job(**settings, entropy_coef=coef))
+        static.state = dataclasses.replace(jax.tree.map(jnp.copy, learner.state), entropy_control=None)
+        return static.step(prepared)["loss"]
+
+    expected_loss = static_loss(0.0)
+    entropy = window_entropy(learner.model)
+    first = learner.step(prepared)
+    assert first["loss"] == pytest.approx(expected_loss, rel=1e-5)
+    coef = min(0.1 + 0.04, 0.13) if entropy <= target else max(0.1 - 0.04, 0.07)
+    assert first["entropy_coef"] == pytest.approx(coef) and ("up" if coef > 0.1 else "down") == moved
+    np.testing.assert_allclose(np.asarray(learner.state.entropy_control), [coef, entropy], rtol=1e-5)
+
+    applied = coef if entropy <= target else 0.0
+    expected_loss, entropy = static_loss(applied), window_entropy(learner.model)
+    second = learner.step(prepared)
+    assert second["loss"] == pytest.approx(expected_loss, rel=1e-5)
+    coef = min(coef + 0.04, 0.13) if entropy <= target else max(coef - 0.04, 0.07)
+    assert second["entropy_coef"] == pytest.approx(coef)

@@ -50,7 +50,7 @@ def test_arguments_without_effect_warn_once_naming_each():
 
 @pytest.mark.parametrize("kwargs, named", [
     ({"repetition_penalty": 0.0}, "repetition_penalty=0.0"),
-    ({"use_adaptive_entropy": True}, "use_adaptive_entropy=True"),
+    ({"use_adaptive_entropy": True, "entropy_coef_min": -1.0}, "entropy_coef_min=-1.0"),
     ({"fp16": True}, "fp16=True"),
     ({"optim": "adafactor"}, "optim='adafactor'"),
     ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial'"),
