@@ -4,7 +4,6 @@ over jaxcore's own trainer (`jaxcore.api.GRPOTrainer`) with the job config `jaxc
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import warnings
@@ -14,6 +13,7 @@ from typing import Any, NamedTuple
 
 from jaxcore.api import GRPOTrainer as JobTrainer
 from jaxcore.model.lora import LoRAConfig
+from jaxcore.runtime.metrics import read_metrics
 from jaxcore.trl.callbacks import instances as callback_instances
 from jaxcore.trl.callbacks import observer as callback_observer
 from jaxcore.trl.config import GRPOConfig
@@ -214,8 +214,7 @@ def log_history(metrics_path: Path, per_rollout: int, per_epoch: int) -> list[di
     `step` counted in optimizer steps and `epoch` in passes over the dataset (`per_epoch` optimizer steps each)."""
     if not metrics_path.is_file():
         return []
-    return [history_entry(int(record["step"]), record, per_rollout, per_epoch)
-            for record in map(json.loads, metrics_path.read_text().splitlines())]
+    return [history_entry(int(record["step"]), record, per_rollout, per_epoch) for record in read_metrics(metrics_path)]
 
 
 def history_entry(step: int, metrics: dict[str, Any], per_rollout: int, per_epoch: int) -> dict[str, Any]:
