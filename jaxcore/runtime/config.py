@@ -95,6 +95,8 @@ class TrainConfig(Checked):
     eval_every: Annotated[int, Ge(-1)] = 5  # held-out evaluation every N epochs; 0 = only after the last, -1 = never
     eval_prompts: Annotated[int, Ge(1)] = 64
     eval_batch_size: Annotated[int, Ge(1)] = 256
+    # completions sampled per held-out prompt with the rollout's settings (TRL's num_generations_eval); 0 = greedy
+    eval_samples_per_prompt: Annotated[int, Ge(0)] = 0
     checkpoint_every: Annotated[int, Ge(-1)] = 5  # 0 = only at the end / on SIGTERM; -1 = never (TRL: "no")
     max_to_keep: Annotated[int, Ge(1)] = 3
     max_bad_steps: Annotated[int, Ge(1)] = 3  # consecutive NaN/Inf steps before stopping

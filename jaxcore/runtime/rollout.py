@@ -65,17 +65,21 @@ def with_extra(scores: ScoreResult, extra: Mapping[str, np.ndarray]) -> ScoreRes
 def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokenizer: Any, scorer: Scorer, *,
                combined: Callable[[ScoreResult], np.ndarray] | None = None,
                extra: Mapping[str, np.ndarray] | None = None, environments: Sequence[Any] | None = None,
-               messages: Sequence[list[dict[str, Any]]] | None = None, prompts: Sequence[Any] | None = None
-               ) -> RowScores:
+               messages: Sequence[list[dict[str, Any]]] | None = None, prompts: Sequence[Any] | None = None,
+               padding_from: int | None = None) -> RowScores:
     """Each process decodes and scores the rows of `result` it owns (a row held by several processes is scored
     once, by the first); every row's values, summed over processes. `combined` turns a batch's `ScoreResult`
     into the reward per row (default: its weighted sum); `extra` are further reward values of every row
     (`with_extra`: a multi-turn rollout's environment rewards); `environments` every row's environment instance
     (TRL's `environments=` of the reward functions; a process holds those of its own rows); `messages` every
     row's completion as messages and `prompts` every row's prompt as the model saw it (a multi-turn rollout's
-    `Episodes.messages` and `reward_prompts`, each process's own rows): what the reward functions get."""
+    `Episodes.messages` and `reward_prompts`, each process's own rows): what the reward functions get. Rows from
+    `padding_from` on only fill a batch to the row shards: no reward function sees them (their values are 0)."""
     rows, tokens = owned_rows(result.tokens)
     _, lengths = owned_rows(result.lengths)
+    if padding_from is not None:
+        real = rows < padding_from
+        rows, tokens, lengths = rows[real], tokens[real], lengths[real]
     completions, examples = decode_completions(tokenizer, tokens, lengths), [row_examples[i] for i in rows]
     if messages is not None:
         completions = [Completion(str(c), c.ids, messages[r]) for c, r in zip(completions, rows)]

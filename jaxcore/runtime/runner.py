@@ -4,7 +4,7 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 
 - epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
   the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
-- held-out evaluation (greedy, `eval_prompts` examples) before training, every `eval_every` epochs and
+- held-out evaluation (`eval_prompts` examples, greedy or sampled) before training, every `eval_every` epochs and
   after the last; with `eval_every` 0 only after the last, with -1 never;
 - metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
 - orbax checkpoints every `checkpoint_every` epochs (async, atomic, `max_to_keep`), `resume`;
@@ -70,15 +70,19 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, rollout: RolloutConfig, *,
              batch_size: int, eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
-             agent: Any = None) -> dict[str, Any]:
-    """Greedy completions for held-out examples, scored: mean reward, per-function means, samples.
+             agent: Any = None, samples_per_prompt: int = 0) -> dict[str, Any]:
+    """Completions for held-out examples, scored: mean reward, per-function means, samples. One greedy completion
+    per example, or with `samples_per_prompt` k > 0 k completions sampled with the rollout's settings (TRL's
+    `num_generations_eval`) from a fixed key, so that every evaluation of a run draws alike.
 
-    The rollout's pieces (`jaxcore.runtime.rollout`): prompts encoded under the rollout's limits, `sample`d
-    greedily, `score_rows` (each process scores the rows it owns). With `row_sharding` (e.g. rows over a mesh
-    axis, or replicated over a multi-process mesh) the batch lives on that mesh. With an `agent` (tools,
-    environments) every example is a greedy multi-turn episode (`jaxcore.agents`), its environment's reward
-    and turn/tool statistics logged too.
+    The rollout's pieces (`jaxcore.runtime.rollout`): prompts encoded under the rollout's limits, `sample`d,
+    `score_rows` (each process scores the rows it owns); `batch_size` rows per batch. With `row_sharding` (e.g.
+    rows over a mesh axis, or replicated over a multi-process mesh) the batch lives on that mesh. With an `agent`
+    (tools, environments) every row is a multi-turn episode (`jaxcore.agents`), its environment's reward and
+    turn/tool statistics logged too.
     """
+    if samples_per_prompt:
+        examples = [e for e in examples for _ in range(samples_per_prompt)]
     rewards: list[np.ndarray] = []
     extra_names = agent.reward_names if agent is not None else []
     per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *extra_names]}
@@ -88,16 +92,17 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         chunk = examples[start:start + batch_size]
         count = len(chunk)
         rows = chunk + chunk[-1:] * (-count % row_shards(row_sharding))   # a multiple of the row shards
+        key = jax.random.fold_in(jax.random.key(EVAL_SEED), start) if samples_per_prompt else None
         if agent is None:
             ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
-            result = sample(model, ids, mask, rollout, key=None, eos_token_ids=eos_token_ids,
+            result = sample(model, ids, mask, rollout, key=key, eos_token_ids=eos_token_ids,
                             pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding, logprobs=False)
-            scores = score_rows(result, rows, tokenizer, scorer)
+            scores = score_rows(result, rows, tokenizer, scorer, padding_from=count)
         else:
-            episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=None, eos_token_ids=eos_token_ids,
+            episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=key, eos_token_ids=eos_token_ids,
                                     pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
             result = episodes.result
-            scores = score_rows(result, rows, tokenizer, scorer, **episodes.scoring())
+            scores = score_rows(result, rows, tokenizer, scorer, **episodes.scoring(), padding_from=count)
             episode_metrics.append(episodes.metrics())
         rewards.append(scores.rewards_B[:count])
         for name, values in scores.per_function.items():
@@ -225,7 +230,8 @@ class Runner:
         model = self.algorithm.eval_model()
         return evaluate(model, self.tokenizer, self.eval_examples, scorer, self.cfg.rollout,
                         batch_size=t.eval_batch_size, eos_token_ids=self.eos_token_ids,
-                        row_sharding=self.algorithm.eval_sharding, agent=getattr(self.algorithm, "agent", None))
+                        row_sharding=self.algorithm.eval_sharding, agent=getattr(self.algorithm, "agent", None),
+                        samples_per_prompt=t.eval_samples_per_prompt)
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""

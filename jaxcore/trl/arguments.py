@@ -236,7 +236,9 @@ HANDLED: dict[str, str] = {
     "save_total_limit": "train.max_to_keep (None: every checkpoint)",
     "eval_strategy": "train.eval_every (no: -1; steps: eval_steps; epoch: once per dataset epoch)",
     "eval_steps": "train.eval_every = eval_steps / optimizer steps per rollout (None: logging_steps)",
-    "per_device_eval_batch_size": "train.eval_batch_size = per_device_eval_batch_size x devices",
+    "per_device_eval_batch_size": "train.eval_batch_size = per_device_eval_batch_size x devices (completions)",
+    "num_generations_eval": "train.eval_samples_per_prompt (None: num_generations), sampled with the rollout's "
+                            "settings from a fixed key",
     "auto_find_batch_size": "refused as TRL refuses it (the generation batch must hold whole groups)",
     "max_completion_length": "rollout.max_new_tokens (and rollout.max_episode_tokens of a multi-turn episode)",
     "temperature": "rollout.temperature",
@@ -246,6 +248,8 @@ HANDLED: dict[str, str] = {
     "repetition_penalty": "rollout.repetition_penalty (transformers' processor: the prompt without its padding, "
                           "and the completion so far)",
     "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
+    "generation_kwargs": "overrides temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens "
+                         "(max_completion_length), as in TRL; any other key is refused",
     "reward_weights": "rewards.weights",
     "scale_rewards": "grpo.scale_rewards (True: group, False: none, as TRL)",
     **{name: f"grpo.{name}" for name in (
@@ -334,7 +338,5 @@ REFUSED: dict[str, str] = {
     "neftune_noise_alpha": "NEFTune noise is not implemented",
     "load_best_model_at_end": "the last checkpoint is the result",
     "router_aux_loss_coef": "jaxcore's model families have no mixture of experts",
-    "num_generations_eval": "jaxcore's evaluation is one greedy completion per held-out prompt",
-    "generation_kwargs": "generation takes temperature, top_p, top_k and min_p",
     "chat_template_kwargs": "the chat template is rendered without extra arguments",
 }

@@ -8,6 +8,7 @@ config (`to_job_config`) with TRL's accounting of prompts, generations, steps pe
 from __future__ import annotations
 
 import copy
+import json
 import math
 import warnings
 from typing import Any
@@ -26,6 +27,10 @@ TRL_NAME_OF_KEY = {           # a job-config key set from one TRL argument -> th
     **{f"optimizer.{name}": name for name in ("adam_beta1", "adam_beta2", "adam_epsilon", "warmup_steps")},
     **{f"grpo.{name}": name for name in ("gradient_accumulation_steps", "steps_per_generation", "num_iterations")},
     "train.seed": "seed", "train.out_dir": "output_dir",
+}
+GENERATION_KWARGS = {         # a generation_kwargs key jaxcore follows -> the TRL argument it overrides, as in TRL
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_completion_length",
 }
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit=None: TRL keeps them all
@@ -50,6 +55,11 @@ class GRPOConfig:
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        for name in ("generation_kwargs", "chat_template_kwargs", "model_init_kwargs"):
+            if isinstance(getattr(self, name), str):     # TRL's dict fields take JSON text (from a command line)
+                setattr(self, name, json.loads(getattr(self, name)))
+        if str(getattr(self.eval_strategy, "value", self.eval_strategy)) != "no":
+            self.do_eval = True                     # transformers' TrainingArguments does the same
         if self.auto_find_batch_size:
             raise ValueError("auto_find_batch_size is not supported by GRPO: the generation batch must hold whole "
                              "prompt groups of num_generations completions")
@@ -66,7 +76,8 @@ class GRPOConfig:
             raise ValueError("not supported by jaxcore: " + "; ".join(refused))
         with warnings.catch_warnings():             # every value in its range, now (the run counts devices later:
             warnings.simplefilter("ignore")         # any count whose batch holds whole groups will do here)
-            devices = self.num_generations if self.generation_batch_size is None else 1
+            devices = (math.lcm(self.num_generations, self.num_generations_eval or self.num_generations)
+                       if self.generation_batch_size is None else 1)
             generation_batch, _ = self.batch_accounting(devices)
             self.to_job_config(devices, train_rows=generation_batch // self.num_generations)
         ignored = [f"{name} ({what})" for name, what in IGNORED.items()
@@ -86,7 +97,20 @@ class GRPOConfig:
             refused.append("average_tokens_across_devices=False (jaxcore's loss is over the global batch)")
         if str(getattr(self.save_strategy, "value", self.save_strategy)) == "best":
             refused.append("save_strategy='best' (the last checkpoint is the result)")
+        unknown = sorted(set(self.generation_kwargs or {}) - set(GENERATION_KWARGS) - {"do_sample"})
+        if unknown or (self.generation_kwargs or {}).get("do_sample", True) is not True:
+            refused.append(f"generation_kwargs={self.generation_kwargs!r} (jaxcore samples with "
+                           f"{', '.join(GENERATION_KWARGS)}; do_sample must stay True)")
         return refused
+
+    def generation_settings(self) -> dict[str, Any]:
+        """The sampling arguments after generation_kwargs overrides them (TRL updates its generation config with
+        generation_kwargs last), by their TRL names."""
+        settings = {name: getattr(self, name) for name in GENERATION_KWARGS.values()}
+        for key, value in (self.generation_kwargs or {}).items():
+            if key in GENERATION_KWARGS:
+                settings[GENERATION_KWARGS[key]] = value
+        return settings
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self.__dict__.items() if k in TRL_DEFAULTS and v != TRL_DEFAULTS[k]}
@@ -167,10 +191,11 @@ class GRPOConfig:
         r = job.rollout
         r.prompts_per_epoch = generation_batch // self.num_generations
         r.generations_per_prompt = self.num_generations
-        r.max_new_tokens = r.max_episode_tokens = self.max_completion_length
-        r.temperature, r.top_p, r.top_k = self.temperature, self.top_p, self.top_k
-        r.min_p = 0.0 if self.min_p is None else self.min_p
-        r.repetition_penalty = self.repetition_penalty
+        given = self.generation_settings()
+        r.max_new_tokens = r.max_episode_tokens = given["max_completion_length"]
+        r.temperature, r.top_p, r.top_k = given["temperature"], given["top_p"], given["top_k"]
+        r.min_p = 0.0 if given["min_p"] is None else given["min_p"]
+        r.repetition_penalty = given["repetition_penalty"]
         r.max_tool_calling_iterations = self.max_tool_calling_iterations
         job.rewards.weights = None if self.reward_weights is None else [float(w) for w in self.reward_weights]
 
@@ -194,6 +219,11 @@ class GRPOConfig:
         eval_steps = self.eval_steps if self.eval_steps is not None else self.logging_steps
         t.eval_every = self._every(self.eval_strategy, eval_steps, rollouts, per_rollout, per_epoch)
         t.eval_batch_size = self.per_device_eval_batch_size * devices
+        t.eval_samples_per_prompt = self.num_generations_eval or self.num_generations
+        if self.do_eval and t.eval_every >= 0 and t.eval_batch_size % t.eval_samples_per_prompt:
+            raise ValueError(f"The global eval batch size ({self.per_device_eval_batch_size} * {devices}) must be "
+                             f"divisible by the number of generations used for evaluation "
+                             f"({t.eval_samples_per_prompt}).")
         job.model.dtype = "bfloat16" if self.bf16 else "float32"
         job.model.remat = bool(self.gradient_checkpointing or self.activation_checkpointing)
 

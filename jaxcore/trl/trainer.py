@@ -80,6 +80,7 @@ class GRPOTrainer:
                               else _local_directory(processing_class, "processing_class"))
         self.lora = None if peft_config is None else lora_config(peft_config)
         self.train_rows = _row_count(train_dataset)
+        self.eval_rows = None if eval_dataset is None else _row_count(eval_dataset)
         self._job_args = dict(model=model_path, reward_funcs=reward_funcs, train_dataset=train_dataset,
                               eval_dataset=eval_dataset if eval_dataset is not None else train_dataset,
                               tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None,
@@ -92,6 +93,8 @@ class GRPOTrainer:
         job.grpo.lora = self.lora
         if self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
             job.train.eval_every = -1                       # no eval_dataset: TRL trains on every row
+        else:
+            job.train.eval_prompts = self.eval_rows         # TRL evaluates every row of eval_dataset
         return JobTrainer(args=job, **self._job_args)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
@@ -118,7 +121,7 @@ class GRPOTrainer:
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Sequence[str] | None = None,
                  metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Score one greedy completion (a greedy episode with tools or environments) of every prompt of
+        """Score num_generations_eval sampled completions (episodes, with tools or environments) of every prompt of
         `eval_dataset` (default: the trainer's) under the trained model, or the initial one before `train`: the
         held-out reward and each function's mean, named as TRL names its evaluation metrics (`eval_reward`,
         `eval_rewards/<name>/mean`, ...)."""
@@ -146,6 +149,7 @@ class GRPOTrainer:
                         fallback=r.fallback) as scorer:
                 metrics = evaluate(model, tokenizer, list(task.eval), scorer, rollout,
                                    batch_size=job.train.eval_batch_size, agent=agent,
+                                   samples_per_prompt=job.train.eval_samples_per_prompt,
                                    eos_token_ids=tokenization.eos_token_ids(tokenizer, model.config.hf_config))
         finally:
             if agent is not None:

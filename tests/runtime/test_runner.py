@@ -498,3 +498,30 @@ def test_held_out_examples_do_not_depend_on_the_train_seed(tmp_path):
 
     assert held_out(0) == held_out(7) == held_out(123)
     assert EVAL_SEED == 0
+
+
+def test_evaluation_scores_no_row_that_only_fills_the_batch_to_the_row_shards(tiny_dir):
+    """Five held-out prompts with rows over 8 devices: the batch is filled to 8 rows, and the reward functions see
+    the five (before: the three copies of the last one too, which a reward with side effects counts)."""
+    import jax
+
+    from jaxcore.hf import model_checkpoint, tokenization
+    from jaxcore.rewards import Example, Scorer
+    from jaxcore.runtime.config import RolloutConfig
+    from jaxcore.runtime.runner import evaluate
+
+    model, tok_dir = model_checkpoint.load_any(str(tiny_dir("llama")), "float32")
+    tokenizer = tokenization.load_tokenizer(tok_dir or str(tiny_dir("llama")))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("rows",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+    seen: list[str] = []
+
+    def counted(completions, examples):
+        seen.extend(e.prompt for e in examples)
+        return [1.0] * len(completions)
+
+    examples = [Example(prompt=f"Count {i}.") for i in range(5)]
+    with Scorer({"counted": counted}) as scorer:
+        metrics = evaluate(model, tokenizer, examples, scorer, RolloutConfig(max_new_tokens=3), batch_size=16,
+                           row_sharding=rows)
+    assert sorted(seen) == sorted(e.prompt for e in examples) and metrics["eval/reward"] == 1.0

@@ -58,6 +58,9 @@ def test_arguments_without_effect_warn_once_naming_each():
     ({"num_generations": 1}, "at least 2 generations"),
     ({"generation_batch_size": 16, "steps_per_generation": 2}, "can not be both configured"),
     ({"auto_find_batch_size": True}, "auto_find_batch_size"),
+    ({"generation_kwargs": {"num_beams": 4}}, "generation_kwargs={'num_beams': 4}"),
+    ({"generation_kwargs": {"do_sample": False}}, "do_sample must stay True"),
+    ({"generation_kwargs": {"top_p": 1.5}}, "top_p"),
 ])
 def test_what_jaxcore_cannot_follow_is_one_line(kwargs, named):
     with pytest.raises(ValueError) as err:
@@ -171,10 +174,15 @@ def test_a_callback_overriding_a_hook_jaxcore_does_not_call_is_one_line(tiny_dir
 
 
 def test_evaluate_scores_the_eval_dataset_under_trls_metric_names(tiny_dir, tmp_path):
-    """Greedy completions of every eval prompt, scored: the same numbers as the reward of those completions."""
+    """num_generations_eval (None: num_generations) completions of every eval prompt, sampled as in training from a
+    fixed key, scored: the mean of the rewards of those completions, the same at every evaluation of one model."""
     from jaxcore.trl import GRPOTrainer
 
-    def reward_len(completions, **kwargs):
+    seen: list[tuple[str, str]] = []
+
+    def reward_len(prompts, completions, **kwargs):
+        if len(completions) > 2:                    # not jaxcore's two-row probe of a new reward function
+            seen.extend(zip(prompts, completions))
         return [-float(len(c)) for c in completions]
 
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
@@ -184,8 +192,20 @@ def test_evaluate_scores_the_eval_dataset_under_trls_metric_names(tiny_dir, tmp_
                           train_dataset=[{"prompt": "hi"}] * 8, eval_dataset=held_out)    # 8 prompts on 8 devices
     metrics = trainer.evaluate()
     assert set(metrics) == {"eval_reward", "eval_rewards/reward_len/mean"}
-    assert metrics["eval_reward"] == metrics["eval_rewards/reward_len/mean"] < 0
-    assert trainer.evaluate(metric_key_prefix="test")["test_reward"] == metrics["eval_reward"]   # greedy: the same
+    assert metrics["eval_reward"] == pytest.approx(metrics["eval_rewards/reward_len/mean"])
+    assert metrics["eval_reward"] < 0
+    assert sorted(p for p, _ in seen) == sorted([row["prompt"] for row in held_out] * 4)   # num_generations each
+    assert metrics["eval_reward"] == pytest.approx(-sum(len(c) for _, c in seen) / len(seen))
+    assert len({c for p, c in seen if p == held_out[0]["prompt"]}) > 1          # sampled, not one greedy answer
+    first, seen[:] = list(seen), []
+    assert trainer.evaluate(metric_key_prefix="test")["test_reward"] == metrics["eval_reward"]   # a fixed key
+    assert seen == first
+    seen.clear()
+    args_two = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                          max_completion_length=4, max_steps=1, num_generations_eval=2)
+    GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len, args=args_two,
+                train_dataset=[{"prompt": "hi"}] * 8, eval_dataset=held_out).evaluate()
+    assert sorted(p for p, _ in seen) == sorted([row["prompt"] for row in held_out] * 2)
     no_eval = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len, args=args,
                           train_dataset=[{"prompt": "hi"}] * 8)
     with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
@@ -205,3 +225,27 @@ def test_the_trainer_counts_this_runs_devices_as_trls_processes(tiny_dir):
                           args=args, train_dataset=[{"prompt": "hi"}] * 8)
     job = trainer.job_trainer.args
     assert job.rollout.prompts_per_epoch * job.rollout.generations_per_prompt == 2 * jax.device_count()
+
+
+def test_generation_kwargs_override_the_sampling_arguments_as_in_trl():
+    """TRL updates its generation config with generation_kwargs after the named arguments (also given as JSON text,
+    as TRL's command line gives dict fields)."""
+    for kwargs in ({"temperature": 0.3, "top_k": 5, "max_new_tokens": 12, "do_sample": True},
+                   '{"temperature": 0.3, "top_k": 5, "max_new_tokens": 12}'):
+        args = GRPOConfig(output_dir="out", temperature=0.7, top_k=2, top_p=0.9, max_completion_length=24,
+                          max_steps=1, generation_kwargs=kwargs)
+        r = args.to_job_config(devices=1, train_rows=8).rollout
+        assert (r.temperature, r.top_k, r.top_p, r.max_new_tokens) == (0.3, 5, 0.9, 12)
+
+
+def test_num_generations_eval_sets_the_completions_sampled_per_held_out_prompt():
+    args = GRPOConfig(output_dir="out", max_steps=1, num_generations=4, per_device_train_batch_size=4)
+    assert args.to_job_config(devices=1, train_rows=8).train.eval_samples_per_prompt == 4
+    args = GRPOConfig(output_dir="out", max_steps=1, num_generations=4, per_device_train_batch_size=4,
+                      num_generations_eval=2)
+    assert args.to_job_config(devices=1, train_rows=8).train.eval_samples_per_prompt == 2
+    uneven = GRPOConfig(output_dir="out", max_steps=1, per_device_eval_batch_size=3, eval_strategy="steps",
+                        eval_steps=1)              # TRL checks this on its processes; jaxcore on the run's devices
+    with pytest.raises(ValueError, match=r"global eval batch size \(3 \* 1\) must be divisible by the number of "
+                                         r"generations used for evaluation \(8\)"):
+        uneven.to_job_config(devices=1, train_rows=8)
