@@ -96,13 +96,16 @@ class _Trainer:
         if weights is not None and not functions:
             raise ConfigValueError("rewards.weights is set but rewards.functions is empty: the weights are one per "
                                    "entry of rewards.functions (to reweight the task's own rewards, list them there)")
+        chat_template_kwargs = self.args.rollout.chat_template_kwargs
         if self.train_dataset is None:
-            return make_task(self.args.task, functions, weights, scored_by_environment=scored_by_environment)
+            return make_task(self.args.task, functions, weights, scored_by_environment=scored_by_environment,
+                             chat_template_kwargs=chat_template_kwargs)
         if not functions and not scored_by_environment:
             raise ValueError("train_dataset needs reward_funcs (or args.rewards.functions), or an environment_factory "
                              "whose environment defines get_reward()")
         task = dataset_task(self.train_dataset, self.eval_dataset, {}, {}, split_seed=self.args.train.seed)
-        return task_with_rewards(task, functions, weights) if functions else task
+        return (task_with_rewards(task, functions, weights, chat_template_kwargs=chat_template_kwargs) if functions
+                else task)
 
     def train(self, resume: bool = False, allow_changes: bool = False, observer: Observer | None = None
               ) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def task_prompt_tokens(cfg: Any) -> int | None:
     agent = build_agent(cfg.rollout, cfg.rewards)
     try:
         task = make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
-                         scored_by_environment=bool(agent is not None and agent.reward_names))
+                         scored_by_environment=bool(agent is not None and agent.reward_names),
+                         chat_template_kwargs=cfg.rollout.chat_template_kwargs)
         return measured_prompt_tokens(cfg, task, agent)
     finally:
         if agent is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -141,6 +142,21 @@ def _load_tokenizer(path: str, _absolute: str, _stamp: tuple[Any, ...]) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def with_chat_template_kwargs(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> Any:
+    """`tokenizer`, or (with `chat_template_kwargs`) a copy whose every `apply_chat_template` call renders with
+    those extra template variables (TRL's `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`): prompts,
+    multi-turn episodes and the memory plan's prompt lengths all see the same text. A call's own keyword wins."""
+    if not chat_template_kwargs:
+        return tokenizer
+    bound, render, fixed = copy.copy(tokenizer), tokenizer.apply_chat_template, dict(chat_template_kwargs)
+
+    def apply_chat_template(conversation: Any, *args: Any, **options: Any) -> Any:
+        return render(conversation, *args, **{**fixed, **options})
+
+    bound.apply_chat_template = apply_chat_template
+    return bound
 
 
 def apply_chat_template(tokenizer: Any, prompt: str | list[dict[str, str]], system: str | None = None) -> str:

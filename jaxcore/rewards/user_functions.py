@@ -255,12 +255,15 @@ async def _awaited(awaitable: Any) -> Any:
 class RewardModel:
     """`model:PATH`: a local sequence-classification model; reward = logit 0 of prompt + completion (TRL)."""
 
-    def __init__(self, path: str | os.PathLike[str], batch_size: int = 32):
+    def __init__(self, path: str | os.PathLike[str], batch_size: int = 32, *,
+                 chat_template_kwargs: dict[str, Any] | None = None):
         self.path, self.batch_size = str(Path(path).expanduser().absolute()), batch_size
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._loaded: tuple[Any, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "batch_size": self.batch_size, "_loaded": None}
+        return {"path": self.path, "batch_size": self.batch_size, "chat_template_kwargs": self.chat_template_kwargs,
+                "_loaded": None}
 
     def load(self) -> tuple[Any, Any]:
         """(model, tokenizer), loaded once per process; a missing or unloadable directory is a one-line error."""
@@ -298,7 +301,7 @@ class RewardModel:
             trl_completion = as_trl_completion(completion, example)
             if isinstance(trl_completion, list):
                 out.append(tokenizer.apply_chat_template([*as_messages(example.prompt), *trl_completion],
-                                                         tokenize=False))
+                                                         tokenize=False, **self.chat_template_kwargs))
             else:
                 out.append(example.prompt + trl_completion)
         return out
@@ -326,8 +329,10 @@ def function_name(spec: str | Callable[..., Any]) -> str:
 
 
 def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequence[float] | None = None,
-                    columns: Sequence[str] = ()) -> tuple[dict[str, RewardFn], dict[str, float]]:
-    """Reward fns and weights from specs or callables (file/module specs, `model:PATH`, built-in names)."""
+                    columns: Sequence[str] = (), *, chat_template_kwargs: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, RewardFn], dict[str, float]]:
+    """Reward fns and weights from specs or callables (file/module specs, `model:PATH` rendering conversations
+    with `chat_template_kwargs`, built-in names)."""
     if not functions:
         raise RewardFunctionError("rewards.functions is empty")
     if weights is not None and len(weights) != len(functions):
@@ -343,7 +348,7 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
         elif not isinstance(entry, str):
             raise RewardFunctionError(f"reward function {entry!r}: expected a name, a spec or a callable")
         elif entry.startswith("model:"):
-            reward_model = RewardModel(entry[6:])
+            reward_model = RewardModel(entry[6:], chat_template_kwargs=chat_template_kwargs)
             reward_model.load()                             # a wrong path fails now, not as fallback 0s
             fns[name] = reward_model
         elif ":" in entry:
@@ -408,14 +413,16 @@ def task_columns(task: Any, examples: Sequence[Example] = ()) -> list[str]:
 
 
 def task_with_rewards(task: Any, functions: Sequence[str | Callable[..., Any]],
-                      weights: Sequence[float] | None, timeout_s: float | None = RewardsConfig.timeout_s) -> Any:
+                      weights: Sequence[float] | None, timeout_s: float | None = RewardsConfig.timeout_s, *,
+                      chat_template_kwargs: dict[str, Any] | None = None) -> Any:
     """`task` scored by `functions` instead of its own rewards, after the checks of the module doc (each probe
-    call limited to `timeout_s`)."""
+    call limited to `timeout_s`; `chat_template_kwargs` for a reward model's chat template)."""
     try:
         probe = task.examples("eval", 2, 0)
     except TaskError:
         probe = task.examples("eval", 1, 0)
-    fns, fn_weights = resolve_rewards(functions, weights, task_columns(task, probe))
+    fns, fn_weights = resolve_rewards(functions, weights, task_columns(task, probe),
+                                      chat_template_kwargs=chat_template_kwargs)
     probe_rewards(fns, probe, timeout_s)
     return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
 

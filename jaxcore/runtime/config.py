@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import typing
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge
 
@@ -48,6 +48,8 @@ class RolloutConfig(SamplingConfig, PromptLimitConfig):
     max_new_tokens: Annotated[int, Ge(1)] = 16
     chat_template: bool = False
     system_prompt: str | None = None
+    # extra variables of every chat-template render (TRL's chat_template_kwargs, e.g. {enable_thinking: false})
+    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Multi-turn rollouts (`jaxcore.agents`; TRL's names): tools as "file.py:fn" / "package.module:fn", an
     # environment class or factory as "file.py:Class" (or {name: spec}, chosen per row by its `environment`
     # column), rounds of tool calls per episode (null: no limit but max_episode_tokens), and the tokens of one

@@ -53,7 +53,13 @@ def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer
     rollout.max_prompt_length and the positions the model (`model_cfg`, else model.path's config) leaves a prompt,
     or the rollout's one-line refusal where truncation is off. None without tokenizer files (`tokenizer_dir`, else
     model.path) or examples."""
-    from jaxcore.hf.tokenization import PromptLimit, encode_prompts, limit_prompts, load_tokenizer
+    from jaxcore.hf.tokenization import (
+        PromptLimit,
+        encode_prompts,
+        limit_prompts,
+        load_tokenizer,
+        with_chat_template_kwargs,
+    )
 
     r = job_cfg.rollout
     source = tokenizer_dir or job_cfg.model.path
@@ -64,7 +70,7 @@ def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer
                              job_cfg.train.seed)
     if not examples:
         return None
-    tokenizer = load_tokenizer(source)
+    tokenizer = with_chat_template_kwargs(load_tokenizer(source), r.chat_template_kwargs)
     if agent is None:
         lengths = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template=r.chat_template,
                                  system=r.system_prompt)[1].sum(1)

@@ -121,14 +121,16 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
 
 
 def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None,
-              timeout_s: float | None = None, *, scored_by_environment: bool = False) -> Any:
+              timeout_s: float | None = None, *, scored_by_environment: bool = False,
+              chat_template_kwargs: dict[str, Any] | None = None) -> Any:
     """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
 
     `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
     task's rewards; their probe calls are limited to `timeout_s` (default: `rewards.timeout_s`'s default).
     `scored_by_environment` (an environment defines `get_reward`, TRL's reward source that makes reward
     functions optional): a file task with neither `functions` nor `task.options.reward` then has no reward
-    functions of its own (not the default exact_match) and needs no answer column.
+    functions of its own (not the default exact_match) and needs no answer column. `chat_template_kwargs`
+    reach a reward model's chat template (TRL's).
     """
     options = dict(section.options)
     environment_only = scored_by_environment and not functions and section.name == "file" and "reward" not in options
@@ -146,7 +148,8 @@ def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[flo
         return dataclasses.replace(task, reward_fns={}, reward_weights={})
     if not functions:
         return task
-    return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)))
+    return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)),
+                             chat_template_kwargs=chat_template_kwargs)
 
 
 Observer = Callable[[str, int, "dict[str, Any] | None"], "bool | None"]
@@ -488,7 +491,8 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
     scored_by_environment = bool(agent is not None and agent.reward_names)
     task = (build_task(scored_by_environment=scored_by_environment) if build_task is not None else
             make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
-                      scored_by_environment=scored_by_environment))
+                      scored_by_environment=scored_by_environment,
+                      chat_template_kwargs=cfg.rollout.chat_template_kwargs))
     if not task.reward_fns and not scored_by_environment:
         raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
                         "environment_factory whose environment defines get_reward()")
@@ -506,7 +510,8 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
         tok_dir = tokenizer_dir or cfg.model.path or None
     if tok_dir is None:
         raise UserError(f"{cfg.model.path}: no tokenizer files")
-    tokenizer = tokenization.load_tokenizer(tok_dir)
+    tokenizer = tokenization.with_chat_template_kwargs(tokenization.load_tokenizer(tok_dir),
+                                                      cfg.rollout.chat_template_kwargs)
     eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
     base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
     try:

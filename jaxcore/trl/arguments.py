@@ -248,6 +248,8 @@ HANDLED: dict[str, str] = {
     "repetition_penalty": "rollout.repetition_penalty (transformers' processor: the prompt without its padding, "
                           "and the completion so far)",
     "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
+    "chat_template_kwargs": "rollout.chat_template_kwargs: every chat-template render (prompts, tool and "
+                            "environment turns, reward models) gets them, as in TRL",
     "generation_kwargs": "overrides temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens "
                          "(max_completion_length), as in TRL; any other key is refused",
     "reward_weights": "rewards.weights",
@@ -338,5 +340,4 @@ REFUSED: dict[str, str] = {
     "neftune_noise_alpha": "NEFTune noise is not implemented",
     "load_best_model_at_end": "the last checkpoint is the result",
     "router_aux_loss_coef": "jaxcore's model families have no mixture of experts",
-    "chat_template_kwargs": "the chat template is rendered without extra arguments",
 }

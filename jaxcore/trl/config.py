@@ -196,6 +196,7 @@ class GRPOConfig:
         r.temperature, r.top_p, r.top_k = given["temperature"], given["top_p"], given["top_k"]
         r.min_p = 0.0 if given["min_p"] is None else given["min_p"]
         r.repetition_penalty = given["repetition_penalty"]
+        r.chat_template_kwargs = dict(self.chat_template_kwargs or {})
         r.max_tool_calling_iterations = self.max_tool_calling_iterations
         job.rewards.weights = None if self.reward_weights is None else [float(w) for w in self.reward_weights]
 

@@ -138,7 +138,8 @@ class GRPOTrainer:
         final = Path(job.train.out_dir) / "final_hf"
         model_dir = str(final) if final.is_dir() else self.model_path
         model, tok_dir = model_checkpoint.load_any(model_dir, job.model.dtype)
-        tokenizer = tokenization.load_tokenizer(self.tokenizer_dir or tok_dir or model_dir)
+        tokenizer = tokenization.with_chat_template_kwargs(
+            tokenization.load_tokenizer(self.tokenizer_dir or tok_dir or model_dir), job.rollout.chat_template_kwargs)
         agent = build_agent(job.rollout, job.rewards, tools=trainer.tools,
                             environment_factory=trainer.environment_factory)
         rollout = job.rollout.with_agent() if agent is not None and not job.rollout.multi_turn else job.rollout

@@ -511,3 +511,23 @@ def test_straight_resumed_and_worker_runs_agree_under_a_reward_that_edits_its_pr
             np.testing.assert_array_equal(weights[name][key], value, err_msg=f"{name}: {key}")
     start = load_file(str(tiny_dir("llama") / "model.safetensors"))
     assert any(not np.array_equal(weights["straight"][k], start[k]) for k in start)       # it trained
+
+
+def test_a_reward_model_renders_conversations_with_the_chat_template_kwargs(tmp_path):
+    """TRL renders a reward model's conversations with chat_template_kwargs too (also after pickling to a worker)."""
+    import pickle
+
+    reward_model_dir(tmp_path)
+    template = ("{%- if shout is not defined %}{{ raise_exception('shout is not set') }}{%- endif %}"
+                "{%- for m in messages %}{{ m['role'] + ': ' + (m['content'] | upper if shout else m['content']) }}"
+                "{%- endfor %}")
+    (tmp_path / "rm" / "chat_template.jinja").write_text(template)
+    example = Example([{"role": "user", "content": "hi"}], None, {})
+    fns, _ = resolve_rewards([f"model:{tmp_path / 'rm'}"], chat_template_kwargs={"shout": True})
+    (reward_model,) = fns.values()
+    assert reward_model.texts([Completion("hello")], [example]) == ["user: HIassistant: HELLO"]
+    assert pickle.loads(pickle.dumps(reward_model)).texts([Completion("hello")], [example]) == [
+        "user: HIassistant: HELLO"]
+    plain, _ = resolve_rewards([f"model:{tmp_path / 'rm'}"])
+    with pytest.raises(Exception, match="shout is not set"):
+        next(iter(plain.values())).texts([Completion("hello")], [example])

@@ -43,11 +43,29 @@ def tool_model(tiny_dir, tmp_path_factory) -> Path:
     return model
 
 
-@pytest.mark.parametrize("script", ["quickstart", "conversational", "lora", "callbacks", "tools", "environment"])
-def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, tool_model, tmp_path):
+SHOUTING_TEMPLATE = (           # a chat template that needs a variable only chat_template_kwargs sets
+    "{%- if shout is not defined %}{{ raise_exception('shout is not set') }}{%- endif %}"
+    "{%- for message in messages %}{{ message['role'] + ': ' + (message['content'] | upper if shout else "
+    "message['content']) + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ 'assistant: ' }}{%- endif %}")
+
+
+@pytest.fixture(scope="module")
+def shouting_model(tiny_dir, tmp_path_factory) -> Path:
+    """The tiny model with `SHOUTING_TEMPLATE`."""
+    import shutil
+
+    model = Path(shutil.copytree(tiny_dir("llama"), tmp_path_factory.mktemp("shout") / "model"))
+    (model / "chat_template.jinja").write_text(SHOUTING_TEMPLATE)
+    return model
+
+
+@pytest.mark.parametrize("script", ["quickstart", "conversational", "lora", "callbacks", "tools", "environment",
+                                    "chat_template_kwargs"])
+def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, tool_model, shouting_model, tmp_path):
     source = (SCRIPTS / f"{script}.py").read_text()
     assert TRL_IMPORT in source
-    model = tool_model if script in ("tools", "environment") else tiny_dir("llama")
+    model = {"tools": tool_model, "environment": tool_model, "chat_template_kwargs": shouting_model}.get(
+        script, tiny_dir("llama"))
     theirs = run_script(source, model, tmp_path / "trl")
     ours = run_script(source.replace(TRL_IMPORT, JAXCORE_IMPORT), model, tmp_path / "jaxcore")
     assert ours["global_step"] == theirs["global_step"]
@@ -59,3 +77,41 @@ def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, 
     if "files" in theirs:
         assert "adapter_config.json" in theirs["files"] and "adapter_config.json" in ours["files"]
         assert PEFT_WEIGHTS & set(theirs["files"]) and PEFT_WEIGHTS & set(ours["files"])
+
+
+def test_chat_template_kwargs_reach_every_render_of_the_chat_template(shouting_model, tmp_path):
+    """The template refuses to render without `shout`: a run without chat_template_kwargs stops at its first render
+    (one line), and one with them renders its prompts, its plan's prompt lengths, its tool episodes and its
+    evaluation with them."""
+    from jaxcore.trl import GRPOConfig, GRPOTrainer
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return a * b
+
+    def reward_short(completions, **kwargs):
+        return [-float(len(str(completion))) for completion in completions]
+
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} times 7?"}]} for i in range(8)]
+
+    def trainer(out: str, **kwargs) -> GRPOTrainer:
+        args = GRPOConfig(output_dir=str(tmp_path / out), per_device_train_batch_size=1, num_generations=4,
+                          max_completion_length=6, max_steps=1, report_to="none", save_strategy="no",
+                          eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4, disable_tqdm=True,
+                          **kwargs)
+        return GRPOTrainer(model=str(shouting_model), reward_funcs=reward_short, args=args, train_dataset=rows,
+                           eval_dataset=rows[:2], tools=[multiply])
+
+    with pytest.raises(Exception, match="shout is not set") as err:
+        trainer("plain").train()
+    assert "\n" not in str(err.value)
+    shouted = trainer("shout", chat_template_kwargs={"shout": True})
+    shouted.train()
+    assert any("eval_reward" in entry for entry in shouted.state.log_history)
+    with pytest.raises(Exception, match="shout is not set"):      # the process's cached tokenizer is untouched
+        trainer("plain_again").train()
