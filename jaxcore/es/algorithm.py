@@ -28,6 +28,7 @@ from jaxcore.parallel import meshes, sharding
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.rewards import Example, Scorer
 from jaxcore.runtime.algorithm import Algorithm, StepResult
+from jaxcore.runtime.completions import CompletionLog
 from jaxcore.runtime.memory import MemoryPlan, largest_population
 from jaxcore.runtime.optim import make_optimizer
 from jaxcore.runtime.plan_check import hf_config_at
@@ -222,4 +223,9 @@ class EggrollAlgorithm(Algorithm):
             self.opt_state, update = eggroll.es_step(self.model, self.plan, self.optimizer, self.opt_state, epoch,
                                                      fitness_N, shaping, donate_params=True)
         metrics.update(clock.metrics(), grad_norm=update["grad_norm"], step_time=time.perf_counter() - began)
-        return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "")
+        completions = None
+        if self.cfg.train.log_completions:          # every member's rows (member-major); ES has no advantage per row
+            completions = CompletionLog.of_rollout(self.tokenizer, result, row_examples, scores.per_function, None,
+                                                   None if self.agent is None else episodes.messages)
+        return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "",
+                          completions=completions)

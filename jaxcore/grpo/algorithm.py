@@ -34,6 +34,7 @@ from jaxcore.inference.generate import GenerationResult, bucket_length, pad_left
 from jaxcore.parallel import meshes, rows, sharding
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.algorithm import Algorithm, StepResult
+from jaxcore.runtime.completions import CompletionLog
 from jaxcore.runtime.memory import MemoryPlan, largest_multiple
 from jaxcore.runtime.programs import AheadOfTime, PhaseClock, spare_host_cores
 from jaxcore.runtime.rollout import RowScores, encode_rollout_prompts, sample, score_rows
@@ -312,4 +313,8 @@ class GRPOAlgorithm(Algorithm):
             applied = f"; the {len(steps) - 1} before it were applied" if len(steps) > 1 else ""
             return StepResult(metrics, skipped=True, reason=f"non-finite loss, grad norm or update in optimiser step "
                                                             f"{len(steps)} of this rollout{applied}")
-        return StepResult(metrics)
+        completions = None
+        if self.cfg.train.log_completions:
+            completions = CompletionLog.of_rollout(self.tokenizer, result, row_examples, scores.per_function,
+                                                   advantages_B, None if episodes is None else episodes.messages)
+        return StepResult(metrics, completions=completions)

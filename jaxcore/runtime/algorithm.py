@@ -20,6 +20,7 @@ class StepResult:
     metrics: dict[str, Any]
     skipped: bool = False          # NaN/Inf somewhere: nothing was applied
     reason: str = ""
+    completions: Any = None        # the rollout's rows (`runtime.completions.CompletionLog`) with train.log_completions
 
 
 class Algorithm(abc.ABC):

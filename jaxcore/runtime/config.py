@@ -108,3 +108,7 @@ class TrainConfig(Checked):
     compilation_cache: str = "~/.cache/jaxcore/xla"
     tensorboard: bool = True
     progress: bool = True
+    # every logged rollout's rows (prompt, completion, rewards, advantage) to out_dir/completions/ (TRL's parquet
+    # files), and a sample of completions_to_print of them (None: all) printed as a table where rich is installed
+    log_completions: bool = False
+    completions_to_print: Annotated[int, Ge(0)] | None = None

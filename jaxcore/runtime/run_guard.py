@@ -30,7 +30,7 @@ from jaxcore.outputs import translated_os_errors
 log = logging.getLogger(__name__)
 
 HARMLESS_PREFIXES = ("train.out_dir", "train.eval_every", "train.eval_prompts", "train.eval_batch_size",
-                     "train.eval_samples_per_prompt",
+                     "train.eval_samples_per_prompt", "train.log_completions", "train.completions_to_print",
                      "train.checkpoint_every", "train.max_to_keep", "train.max_bad_steps", "train.export_hf",
                      "train.tensorboard", "train.progress", "train.compilation_cache", "rewards.num_workers",
                      "rewards.timeout_s", "model.remat",

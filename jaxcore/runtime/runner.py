@@ -48,6 +48,7 @@ from jaxcore.rewards.user_functions import task_with_rewards
 from jaxcore.runtime import compile_cache
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
+from jaxcore.runtime.completions import print_completions, write_completions
 from jaxcore.runtime.config import RolloutConfig
 from jaxcore.runtime.metrics import MetricsLogger, import_plotting_beside, plot_rewards, read_metrics
 from jaxcore.runtime.optim import check_learning_rate
@@ -327,6 +328,9 @@ class Runner:
                         pass
                 metrics.pop("eval/samples", None)
                 logger.log(epoch + 1, metrics)
+                if result.completions is not None and self.is_main:
+                    write_completions(self.out_dir, epoch + 1, result.completions)
+                    print_completions(result.completions, epoch + 1, t.completions_to_print)
                 asked_to_stop = bool(self.observer("log", epoch + 1, metrics))     # a callback may end the run here
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/reward") if k in metrics})
                 periodic = t.checkpoint_every > 0 and (epoch + 1) % t.checkpoint_every == 0

@@ -248,6 +248,10 @@ HANDLED: dict[str, str] = {
     "repetition_penalty": "rollout.repetition_penalty (transformers' processor: the prompt without its padding, "
                           "and the completion so far)",
     "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
+    "log_completions": "train.log_completions: every logged generation's rows to "
+                       "output_dir/completions/completions_<step>.parquet (TRL's columns; the step is jaxcore's "
+                       "generation count) and a sample printed with rich",
+    "num_completions_to_print": "train.completions_to_print (None: all)",
     "chat_template_kwargs": "rollout.chat_template_kwargs: every chat-template render (prompts, tool and "
                             "environment turns, reward models) gets them, as in TRL",
     "generation_kwargs": "overrides temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens "
@@ -328,8 +332,8 @@ IGNORED: dict[str, str] = {
                      "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
                      "use_transformers_continuous_batching", "transformers_continuous_batching_config",
                      "use_transformers_paged"), _VLLM),
-    **dict.fromkeys(("log_completions", "log_multimodal", "num_completions_to_print", "log_unique_prompts"),
-                    "each evaluation logs sample completions"),
+    "log_multimodal": "jaxcore's rollouts are text only",
+    "log_unique_prompts": "applies to wandb/trackio tables; the parquet files keep every row, as TRL's",
 }
 
 # TRL name -> why jaxcore refuses a value other than TRL's default (it would change the numbers)

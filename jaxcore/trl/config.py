@@ -213,6 +213,7 @@ class GRPOConfig:
         t = job.train
         t.epochs, t.seed, t.out_dir = rollouts, self.seed, str(self.output_dir)
         t.progress = not self.disable_tqdm
+        t.log_completions, t.completions_to_print = bool(self.log_completions), self.num_completions_to_print
         reports = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to or [])
         t.tensorboard = bool({"tensorboard", "all"} & set(reports))
         t.max_to_keep = KEEP_EVERY_CHECKPOINT if self.save_total_limit is None else max(self.save_total_limit, 1)

@@ -525,3 +525,23 @@ def test_evaluation_scores_no_row_that_only_fills_the_batch_to_the_row_shards(ti
         metrics = evaluate(model, tokenizer, examples, scorer, RolloutConfig(max_new_tokens=3), batch_size=16,
                            row_sharding=rows)
     assert sorted(seen) == sorted(e.prompt for e in examples) and metrics["eval/reward"] == 1.0
+
+
+def test_an_es_run_logs_every_members_completions_with_their_rewards(tiny_dir, tmp_path, capsys):
+    """train.log_completions in an ES run: each epoch's rows (population x prompts) with each reward function's value,
+    as TRL's parquet files; the rewards are the ones the epoch logged."""
+    import pandas as pd
+
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), out, "train.epochs=2", "train.eval_every=-1",
+                                               "train.log_completions=true", "train.completions_to_print=3"))
+    assert code == 0, err
+    files = sorted((out / "completions").glob("*.parquet"))
+    assert [f.name for f in files] == ["completions_00001.parquet", "completions_00002.parquet"]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for file, record in zip(files, logged):
+        table = pd.read_parquet(file)
+        assert len(table) == 16 * 2 and set(table["step"]) == {record["step"]}
+        assert {"prompt", "completion"} <= set(table.columns) and "advantage" not in table.columns
+        names = [c for c in table.columns if c not in ("step", "prompt", "completion")]
+        assert names and all(np.isclose(table[n].mean(), record[f"rewards/{n}/mean"]) for n in names)
