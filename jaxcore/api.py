@@ -41,6 +41,7 @@ RewardFuncs = Sequence[str | Callable[..., Any]] | str | Callable[..., Any]
 
 class _Trainer:
     config_type: type = ESConfig
+    takes_rollout_func = False
 
     @staticmethod
     def algorithm_type() -> type[Algorithm]:
@@ -49,7 +50,8 @@ class _Trainer:
 
     def __init__(self, model: Any = None, reward_funcs: RewardFuncs | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, args: Any = None, *, tokenizer: str | None = None,
-                 tools: Sequence[Callable[..., Any]] | None = None, environment_factory: Any = None):
+                 tools: Sequence[Callable[..., Any]] | None = None, environment_factory: Any = None,
+                 rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None):
         """Checks every argument and every setting of `args` (types and ranges: `jaxcore.config.schema`)
         before any work: a TypeError or ValueError naming the parameter."""
         self.args = args if args is not None else self.config_type()
@@ -75,6 +77,11 @@ class _Trainer:
         # TRL's multi-turn arguments (`jaxcore.agents`): tool functions, and an environment class / factory or a
         # {name: factory} mapping chosen per row by its `environment` column
         self.tools, self.environment_factory = list(tools or ()), environment_factory
+        # TRL's rollout_func(prompts, trainer): the completions come from the function (GRPO only)
+        if rollout_func is not None and not self.takes_rollout_func:
+            raise ValueError(f"rollout_func: {type(self).__name__} generates each population member's completions "
+                             "with that member's weights; only GRPOTrainer takes a rollout_func")
+        self.rollout_func = rollout_func
         self.check_args()
 
     def check_args(self) -> None:
@@ -104,8 +111,8 @@ class _Trainer:
             raise ValueError("train_dataset needs reward_funcs (or args.rewards.functions), or an environment_factory "
                              "whose environment defines get_reward()")
         task = dataset_task(self.train_dataset, self.eval_dataset, {}, {}, split_seed=self.args.train.seed)
-        return (task_with_rewards(task, functions, weights, chat_template_kwargs=chat_template_kwargs) if functions
-                else task)
+        return (task_with_rewards(task, functions, weights, chat_template_kwargs=chat_template_kwargs,
+                                  columns_known=self.rollout_func is None) if functions else task)
 
     def train(self, resume: bool = False, allow_changes: bool = False, observer: Observer | None = None
               ) -> dict[str, Any]:
@@ -119,7 +126,8 @@ class _Trainer:
         self.check_args()                              # the settings may have been edited since __init__
         return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
                             model=self.model, tokenizer_dir=self.tokenizer, tools=self.tools,
-                            environment_factory=self.environment_factory, observer=observer)
+                            environment_factory=self.environment_factory, observer=observer,
+                            rollout_func=self.rollout_func, owner=self)
 
 
 def _reward_funcs(reward_funcs: Any) -> list[str | Callable[..., Any]] | None:
@@ -154,6 +162,7 @@ class GRPOTrainer(_Trainer):
     """GRPO with TRL's formulas (`jaxcore grpo`)."""
 
     config_type = GRPOConfig
+    takes_rollout_func = True
 
     @staticmethod
     def algorithm_type() -> type[Algorithm]:

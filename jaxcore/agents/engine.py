@@ -41,6 +41,7 @@ from flax import nnx
 from jaxcore.agents.calls import CallRunner, call_in_thread
 from jaxcore.agents.environments import Environments, public_methods, reset_kwargs, resolve_factories
 from jaxcore.agents.messages import assistant_message, turn_calls
+from jaxcore.agents.rollout_function import RolloutFunction
 from jaxcore.agents.tools import (
     CALL_OPEN,
     Tool,
@@ -179,10 +180,15 @@ def observed_prompt(prompt: Any, observation: Any) -> Any:
 
 
 def build_agent(rollout: Any, rewards: Any, *, tools: Sequence[Any] = (), environment_factory: Any = None,
-                root: str | None = None) -> Agent | None:
+                root: str | None = None, rollout_func: Any = None, owner: Any = None) -> Agent | RolloutFunction | None:
     """The run's `Agent` from the rollout section (`tools`, `environment_factory` specs) and the Python API's
-    `tools=` / `environment_factory=`; None for a single-turn run (nothing configured)."""
+    `tools=` / `environment_factory=`, or its `rollout_func` (TRL's; `owner` is the trainer it gets); None for a
+    single-turn run (nothing configured)."""
     specs = [*rollout.tools, *tools]
+    if rollout_func is not None:
+        if specs or environment_factory is not None or rollout.environment_factory:
+            raise TaskError("rollout_func generates every completion itself: it takes no tools or environment_factory")
+        return RolloutFunction(rollout_func, owner, max_episode_tokens=rollout.max_episode_tokens)
     factory = environment_factory if environment_factory is not None else rollout.environment_factory
     if not specs and factory is None:
         return None
@@ -219,12 +225,15 @@ class Episodes:
     messages: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
     # every row's prompt with its reset() text, as TRL passes it to the reward functions (own rows; others as given)
     reward_prompts: list[Any] = dataclasses.field(default_factory=list)
+    # every row's further reward-function columns (a rollout_func's extra keys); empty: none
+    columns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def scoring(self) -> dict[str, Any]:
         """What `runtime.rollout.score_rows` takes of the episodes besides their tokens: the environments' rewards,
-        the instances (TRL's `environments=`), the completions' messages and the prompts as the model saw them."""
-        return {"extra": self.env_rewards, "environments": self.instances, "messages": self.messages,
-                "prompts": self.reward_prompts}
+        the instances (TRL's `environments=`), the completions' messages, the prompts as the model saw them and
+        further columns."""
+        return {"extra": self.env_rewards, "environments": self.instances, "messages": self.messages or None,
+                "prompts": self.reward_prompts, "columns": self.columns or None}
 
     def metrics(self) -> dict[str, float]:
         """Turn/tool/length statistics (TRL's tools/call_frequency and tools/failure_frequency among them)."""
@@ -290,7 +299,11 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
                  reuse_cache: bool = True) -> Episodes:
     """Roll out one episode per row of `examples` (rows already repeated per generation / member); with `key`
     None greedily. `rollout` gives the sampling settings, `max_new_tokens` (per turn), the prompt limits and
-    `system_prompt`. Each process runs the environments and tools of its own rows (`owned_row_mask`)."""
+    `system_prompt`. Each process runs the environments and tools of its own rows (`owned_row_mask`). A
+    `RolloutFunction` (TRL's rollout_func) makes the episodes itself."""
+    if isinstance(agent, RolloutFunction):
+        return agent.episodes(model, tokenizer, examples, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids,
+                              row_sharding=row_sharding)
     b, per_turn, budget = len(examples), rollout.max_new_tokens, agent.max_episode_tokens
     envs = agent.environments
     owned_B = owned_row_mask(b, row_sharding)

@@ -329,8 +329,8 @@ def function_name(spec: str | Callable[..., Any]) -> str:
 
 
 def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequence[float] | None = None,
-                    columns: Sequence[str] = (), *, chat_template_kwargs: dict[str, Any] | None = None
-                    ) -> tuple[dict[str, RewardFn], dict[str, float]]:
+                    columns: Sequence[str] = (), *, chat_template_kwargs: dict[str, Any] | None = None,
+                    columns_known: bool = True) -> tuple[dict[str, RewardFn], dict[str, float]]:
     """Reward fns and weights from specs or callables (file/module specs, `model:PATH` rendering conversations
     with `chat_template_kwargs`, built-in names)."""
     if not functions:
@@ -343,7 +343,8 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
         while name in fns:
             name += "_"
         if callable(entry):
-            check_signature(name, entry, columns)
+            if columns_known:
+                check_signature(name, entry, columns)
             fns[name] = TRLReward(name, fn=entry, columns=columns)
         elif not isinstance(entry, str):
             raise RewardFunctionError(f"reward function {entry!r}: expected a name, a spec or a callable")
@@ -353,7 +354,9 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
             fns[name] = reward_model
         elif ":" in entry:
             root = os.getcwd()
-            check_signature(entry, import_function(entry, root), columns)
+            function = import_function(entry, root)
+            if columns_known:
+                check_signature(entry, function, columns)
             fns[name] = TRLReward(name, spec=entry, columns=columns, root=root)
         elif entry in REWARDS:
             fns[name] = REWARDS[entry]
@@ -414,16 +417,19 @@ def task_columns(task: Any, examples: Sequence[Example] = ()) -> list[str]:
 
 def task_with_rewards(task: Any, functions: Sequence[str | Callable[..., Any]],
                       weights: Sequence[float] | None, timeout_s: float | None = RewardsConfig.timeout_s, *,
-                      chat_template_kwargs: dict[str, Any] | None = None) -> Any:
+                      chat_template_kwargs: dict[str, Any] | None = None, columns_known: bool = True) -> Any:
     """`task` scored by `functions` instead of its own rewards, after the checks of the module doc (each probe
-    call limited to `timeout_s`; `chat_template_kwargs` for a reward model's chat template)."""
+    call limited to `timeout_s`; `chat_template_kwargs` for a reward model's chat template). Without
+    `columns_known` (a rollout_func adds columns only when it runs) a function's signature is not checked against
+    the data's columns, nor probed."""
     try:
         probe = task.examples("eval", 2, 0)
     except TaskError:
         probe = task.examples("eval", 1, 0)
     fns, fn_weights = resolve_rewards(functions, weights, task_columns(task, probe),
-                                      chat_template_kwargs=chat_template_kwargs)
-    probe_rewards(fns, probe, timeout_s)
+                                      chat_template_kwargs=chat_template_kwargs, columns_known=columns_known)
+    if columns_known:
+        probe_rewards(fns, probe, timeout_s)
     return dataclasses.replace(task, reward_fns=fns, reward_weights=fn_weights)
 
 

@@ -37,7 +37,7 @@ class CompletionLog:
         """The log of a rollout of `row_examples` (one per row); every process calls it (the rows are gathered),
         `messages` a multi-turn rollout's completions as messages."""
         texts = decode_completions(tokenizer, gather_rows(result.tokens), gather_rows(result.lengths))
-        messages = list(messages) if messages is not None else [None] * len(texts)    # a process has its own rows'
+        messages = list(messages) if messages else [None] * len(texts)    # a process has its own rows'
         completions = [m if m is not None else as_trl_completion(text, example)
                        for m, text, example in zip(messages, texts, row_examples)]
         rewards = {name: [float(v) if np.isfinite(v) else None for v in np.asarray(values)]

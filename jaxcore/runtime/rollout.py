@@ -66,7 +66,7 @@ def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokeni
                combined: Callable[[ScoreResult], np.ndarray] | None = None,
                extra: Mapping[str, np.ndarray] | None = None, environments: Sequence[Any] | None = None,
                messages: Sequence[list[dict[str, Any]]] | None = None, prompts: Sequence[Any] | None = None,
-               padding_from: int | None = None) -> RowScores:
+               padding_from: int | None = None, columns: Sequence[Mapping[str, Any]] | None = None) -> RowScores:
     """Each process decodes and scores the rows of `result` it owns (a row held by several processes is scored
     once, by the first); every row's values, summed over processes. `combined` turns a batch's `ScoreResult`
     into the reward per row (default: its weighted sum); `extra` are further reward values of every row
@@ -74,7 +74,8 @@ def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokeni
     (TRL's `environments=` of the reward functions; a process holds those of its own rows); `messages` every
     row's completion as messages and `prompts` every row's prompt as the model saw it (a multi-turn rollout's
     `Episodes.messages` and `reward_prompts`, each process's own rows): what the reward functions get. Rows from
-    `padding_from` on only fill a batch to the row shards: no reward function sees them (their values are 0)."""
+    `padding_from` on only fill a batch to the row shards: no reward function sees them (their values are 0).
+    `columns`: further columns of every row (a rollout_func's extra keys), added to its example's."""
     rows, tokens = owned_rows(result.tokens)
     _, lengths = owned_rows(result.lengths)
     if padding_from is not None:
@@ -85,6 +86,8 @@ def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokeni
         completions = [Completion(str(c), c.ids, messages[r]) for c, r in zip(completions, rows)]
     if prompts is not None:
         examples = [dataclasses.replace(e, prompt=prompts[r]) for e, r in zip(examples, rows)]
+    if columns is not None:
+        examples = [dataclasses.replace(e, columns={**e.columns, **columns[r]}) for e, r in zip(examples, rows)]
     # environments only when there are some: a Scorer subclass written before they existed keeps working
     scores = (scorer.score(completions, examples) if environments is None else
               scorer.score(completions, examples, environments=[environments[i] for i in rows]))

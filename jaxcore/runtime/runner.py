@@ -400,7 +400,8 @@ def state_shapes(state: Any) -> dict[str, list[int]]:
 def run_training(cfg: Any, algorithm: type[Algorithm],
                  resume: bool = False, allow_changes: bool = False, *, build_task: Callable[..., Any] | None = None,
                  model: Any = None, tokenizer_dir: str | None = None, tools: Sequence[Any] = (),
-                 environment_factory: Any = None, observer: Observer | None = None) -> dict[str, Any]:
+                 environment_factory: Any = None, observer: Observer | None = None,
+                 rollout_func: Any = None, owner: Any = None) -> dict[str, Any]:
     """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
     eos_token_ids=...)`, run the `Runner`, and export `algorithm.export_model()` to out_dir/final_hf on
     process 0 (when `train.export_hf`).
@@ -409,8 +410,8 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
     the task and loading a model; it is held through the export and released on every exit.
     `build_task` (called under the lock with `scored_by_environment=`, see `make_task`; default: the config's
     task) and an already loaded `model` (with `tokenizer_dir`), and `tools` / `environment_factory` (added to
-    `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`) come from
-    the Python API
+    `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`), or a
+    `rollout_func` (TRL's, called with `owner` as its trainer) come from the Python API
     (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an
     algorithm setting the algorithm rejects with ValueError) is a one-line `UserError`.
     """
@@ -423,7 +424,7 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
     with OutDirLock(cfg.train.out_dir, lock_name):
         summary = _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
                                      tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory,
-                                     observer=observer)
+                                     observer=observer, rollout_func=rollout_func, owner=owner)
     compile_cache.log_stats()
     return summary
 
@@ -467,18 +468,20 @@ def check_run_outputs(cfg: Any, resume: bool) -> None:
 def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
                        allow_changes: bool, *, build_task: Callable[..., Any] | None, model: Any,
                        tokenizer_dir: str | None, tools: Sequence[Any] = (),
-                       environment_factory: Any = None, observer: Observer | None = None) -> dict[str, Any]:
+                       environment_factory: Any = None, observer: Observer | None = None,
+                       rollout_func: Any = None, owner: Any = None) -> dict[str, Any]:
     """`run_training`'s work under the out_dir lock."""
     stale = Path(cfg.train.out_dir).glob(".final_hf.tmp-*") if jax.process_index() == 0 else ()   # the exporter's
     for copy_left in stale:                 # an export stopped mid-write: this out_dir's, under its lock
         log.info("removing %s, left by an export that was stopped", copy_left)
         remove_tree(copy_left)
-    if (tools or environment_factory is not None) and not cfg.rollout.multi_turn:
+    if (tools or environment_factory is not None or rollout_func is not None) and not cfg.rollout.multi_turn:
         cfg = copy.copy(cfg)                # the caller's config stays as it was
         cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
     if not resume:
         refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
-    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory)
+    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory,
+                        rollout_func=rollout_func, owner=owner)
     try:
         return _train_export(cfg, algorithm_type, resume, allow_changes, agent, build_task=build_task, model=model,
                              tokenizer_dir=tokenizer_dir, observer=observer)

@@ -46,8 +46,8 @@ class GRPOTrainer:
     """TRL 1.16's `trl.GRPOTrainer`, argument for argument. `model` is a local model directory (or a loaded
     transformers / peft model saved in one: its `name_or_path`); `processing_class` a tokenizer (or its directory)
     when the model's directory has none; `callbacks` are transformers' `TrainerCallback`s (`jaxcore.trl.callbacks`).
-    What jaxcore cannot do yet (a custom optimizer, quantization, `rollout_func`) is a one-line ValueError here,
-    before any work."""
+    `rollout_func(prompts, trainer)` gets this trainer. What jaxcore cannot do yet (a custom optimizer,
+    quantization) is a one-line ValueError here, before any work."""
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
@@ -61,12 +61,11 @@ class GRPOTrainer:
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a jaxcore.trl.GRPOConfig, got {type(args).__name__}")
         unsupported = [name for name, value, default in (
-            ("optimizers", tuple(optimizers), (None, None)),
-            ("quantization_config", quantization_config, None), ("rollout_func", rollout_func, None))
+            ("optimizers", tuple(optimizers), (None, None)), ("quantization_config", quantization_config, None))
             if value != default and value]
         if unsupported:
             raise ValueError(f"not supported by jaxcore yet: {', '.join(unsupported)} (jaxcore builds AdamW and its "
-                             "schedule from args, trains unquantized weights and generates with its own rollout)")
+                             "schedule from args and trains unquantized weights)")
         self.callbacks = callback_instances(callbacks or ())
         if reward_processing_classes is not None:
             warnings.warn("reward_processing_classes has no effect in jaxcore: each reward model's tokenizer is "
@@ -84,7 +83,8 @@ class GRPOTrainer:
         self._job_args = dict(model=model_path, reward_funcs=reward_funcs, train_dataset=train_dataset,
                               eval_dataset=eval_dataset if eval_dataset is not None else train_dataset,
                               tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None,
-                              tools=tools, environment_factory=environment_factory)
+                              tools=tools, environment_factory=environment_factory,
+                              rollout_func=rollout_func and self._calls_with_this_trainer(rollout_func))
         self.job_trainer = self._job_trainer(data_parallel_devices())   # every argument checked now, before any work
         self.state = TrainerState()
 
@@ -141,7 +141,7 @@ class GRPOTrainer:
         tokenizer = tokenization.with_chat_template_kwargs(
             tokenization.load_tokenizer(self.tokenizer_dir or tok_dir or model_dir), job.rollout.chat_template_kwargs)
         agent = build_agent(job.rollout, job.rewards, tools=trainer.tools,
-                            environment_factory=trainer.environment_factory)
+                            environment_factory=trainer.environment_factory, rollout_func=trainer.rollout_func)
         rollout = job.rollout.with_agent() if agent is not None and not job.rollout.multi_turn else job.rollout
         try:
             task = trainer.make_task(scored_by_environment=bool(agent is not None and agent.reward_names))
@@ -159,6 +159,19 @@ class GRPOTrainer:
                if k != "eval/samples" and k.removeprefix("eval/") not in (ignore_keys or ())}
         self.state.log_history.append({**out, "step": self.state.global_step})
         return out
+
+    @property
+    def processing_class(self) -> Any:
+        """The tokenizer (transformers'), as TRL's trainer holds it: left padding, with a pad token; its chat template
+        renders with args.chat_template_kwargs."""
+        from jaxcore.hf import tokenization
+
+        tokenizer = tokenization.load_tokenizer(self.tokenizer_dir or self.model_path)
+        return tokenization.with_chat_template_kwargs(tokenizer, self.args.chat_template_kwargs)
+
+    def _calls_with_this_trainer(self, rollout_func: Callable[..., Any]) -> Callable[[list[Any], Any], Any]:
+        """TRL's `rollout_func(prompts, trainer)` with this trainer as `trainer` (its args, state, processing_class)."""
+        return lambda prompts, _job_trainer: rollout_func(prompts, self)
 
     def _resume(self, resume_from_checkpoint: bool | str | None) -> bool:
         if resume_from_checkpoint is None or resume_from_checkpoint is False:

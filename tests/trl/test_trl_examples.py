@@ -60,7 +60,7 @@ def shouting_model(tiny_dir, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("script", ["quickstart", "conversational", "lora", "callbacks", "tools", "environment",
-                                    "chat_template_kwargs", "log_completions"])
+                                    "chat_template_kwargs", "log_completions", "rollout_func"])
 def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, tool_model, shouting_model, tmp_path):
     source = (SCRIPTS / f"{script}.py").read_text()
     assert TRL_IMPORT in source
@@ -72,8 +72,10 @@ def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, 
     if "metrics" in theirs:
         assert set(theirs["metrics"]) <= set(ours["metrics"]), \
             sorted(set(theirs["metrics"]) - set(ours["metrics"]))
-    if "calls" in theirs:                          # the callback's hooks, in order, and the rewards it saw
+    if "rewards_seen" in theirs:                   # the callback's hooks, in order, and the rewards it saw
         assert (ours["calls"], ours["rewards_seen"]) == (theirs["calls"], theirs["rewards_seen"])
+    if "seen" in theirs:                           # rollout_func: rows per call, what the reward saw
+        assert (ours["calls"], ours["seen"]) == (theirs["calls"], theirs["seen"])
     if "columns" in theirs:                        # log_completions: the same files, columns, rows and steps
         assert {k: v for k, v in ours.items() if k != "metrics"} == {k: v for k, v in theirs.items() if k != "metrics"}
     elif "files" in theirs:
