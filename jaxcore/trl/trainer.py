@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jaxcore.api import GRPOTrainer as JobTrainer
+from jaxcore.api import GRPOTrainer as JobGRPOTrainer
 from jaxcore.model.lora import LoRAConfig
 from jaxcore.runtime.metrics import read_metrics
 from jaxcore.trl.callbacks import instances as callback_instances
@@ -42,60 +42,57 @@ class TrainerState:
     is_world_process_zero: bool = True
 
 
-class GRPOTrainer:
-    """TRL 1.16's `trl.GRPOTrainer`, argument for argument. `model` is a local model directory (or a loaded
-    transformers / peft model saved in one: its `name_or_path`); `processing_class` a tokenizer (or its directory)
-    when the model's directory has none; `callbacks` are transformers' `TrainerCallback`s (`jaxcore.trl.callbacks`).
-    `rollout_func(prompts, trainer)` gets this trainer. What jaxcore cannot do yet (a custom optimizer,
-    quantization) is a one-line ValueError here, before any work."""
+class Trainer:
+    """What jaxcore.trl's trainers share: transformers' `Trainer` surface (`train`, `evaluate`, `save_model`, `state`,
+    `callbacks`, `processing_class`) over a jaxcore trainer (`job_trainer_type`) built from the flat arguments'
+    job config. `model` is a local model directory (or a loaded transformers / peft model saved in one: its
+    `name_or_path`); `processing_class` a tokenizer (or its directory) when the model's directory has none;
+    `callbacks` are transformers' `TrainerCallback`s (`jaxcore.trl.callbacks`)."""
 
-    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 reward_processing_classes: Any = None, callbacks: Sequence[Any] | None = None,
-                 optimizers: tuple[Any, Any] = (None, None), quantization_config: Any = None,
-                 peft_config: Any = None, tools: Sequence[Callable[..., Any]] | None = None,
-                 rollout_func: Callable[..., Any] | None = None, environment_factory: Any = None) -> None:
+    args_type: type
+    job_trainer_type: type
+    lora: LoRAConfig | None = None           # GRPO's peft_config: save_model writes the adapter
+
+    def __init__(self, model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any,
+                 processing_class: Any, callbacks: Sequence[Any] | None, **job_args: Any) -> None:
         model_path = _local_directory(model, "model")
         if args is None:
-            args = GRPOConfig(output_dir=f"{Path(model_path).name}-GRPO")
-        if not isinstance(args, GRPOConfig):
-            raise TypeError(f"args must be a jaxcore.trl.GRPOConfig, got {type(args).__name__}")
-        unsupported = [name for name, value, default in (
-            ("optimizers", tuple(optimizers), (None, None)), ("quantization_config", quantization_config, None))
-            if value != default and value]
-        if unsupported:
-            raise ValueError(f"not supported by jaxcore yet: {', '.join(unsupported)} (jaxcore builds AdamW and its "
-                             "schedule from args and trains unquantized weights)")
+            kind = self.args_type.__name__.removesuffix("Config")
+            args = self.args_type(output_dir=f"{Path(model_path).name}-{kind}")
+        if not isinstance(args, self.args_type):
+            raise TypeError(f"args must be a jaxcore.trl.{self.args_type.__name__}, got {type(args).__name__}")
         self.callbacks = callback_instances(callbacks or ())
-        if reward_processing_classes is not None:
-            warnings.warn("reward_processing_classes has no effect in jaxcore: each reward model's tokenizer is "
-                          "read from its directory", UserWarning, stacklevel=2)
         if train_dataset is None:
-            raise ValueError("train_dataset is required (jaxcore.trl's GRPOTrainer trains on a dataset)")
+            raise ValueError(f"train_dataset is required (jaxcore.trl's {type(self).__name__} trains on a dataset)")
         if eval_dataset is None and str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no":
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         self.args, self.model_path = args, model_path
         self.tokenizer_dir = (None if processing_class is None
                               else _local_directory(processing_class, "processing_class"))
-        self.lora = None if peft_config is None else lora_config(peft_config)
         self.train_rows = _row_count(train_dataset)
         self.eval_rows = None if eval_dataset is None else _row_count(eval_dataset)
         self._job_args = dict(model=model_path, reward_funcs=reward_funcs, train_dataset=train_dataset,
                               eval_dataset=eval_dataset if eval_dataset is not None else train_dataset,
-                              tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None,
-                              tools=tools, environment_factory=environment_factory,
-                              rollout_func=rollout_func and self._calls_with_this_trainer(rollout_func))
+                              tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None, **job_args)
         self.job_trainer = self._job_trainer(data_parallel_devices())   # every argument checked now, before any work
         self.state = TrainerState()
 
-    def _job_trainer(self, devices: int) -> JobTrainer:
-        job = self.args.to_job_config(devices, self.train_rows)
-        job.grpo.lora = self.lora
+    def _job_config(self, devices: int) -> Any:
+        """The jaxcore job config of this run on `devices` devices."""
+        return self.args.to_job_config(devices, self.train_rows)
+
+    def _steps(self, job: Any, devices: int) -> tuple[int, int]:
+        """(optimizer steps per jaxcore epoch, optimizer steps per pass over the dataset)."""
+        raise NotImplementedError
+
+    def _job_trainer(self, devices: int) -> Any:
+        """The jaxcore trainer of this run on `devices` devices."""
+        job = self._job_config(devices)
         if self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
             job.train.eval_every = -1                       # no eval_dataset: TRL trains on every row
         else:
             job.train.eval_prompts = self.eval_rows         # TRL evaluates every row of eval_dataset
-        return JobTrainer(args=job, **self._job_args)
+        return self.job_trainer_type(args=job, **self._job_args)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Train, or continue the run in `args.output_dir` (`resume_from_checkpoint=True`, or a path inside it: jaxcore
@@ -106,8 +103,7 @@ class GRPOTrainer:
         devices = data_parallel_devices()
         self.job_trainer = self._job_trainer(devices)
         job = self.job_trainer.args
-        per_rollout = job.grpo.num_iterations * job.grpo.steps_per_rollout
-        per_epoch = self.args.optimizer_steps(devices, self.train_rows)[1]
+        per_rollout, per_epoch = self._steps(job, devices)
         self.state = TrainerState(max_steps=job.train.epochs * per_rollout,
                                   is_world_process_zero=jax.process_index() == 0)
         observe = callback_observer(self.callbacks, self.args, self.state,
@@ -134,7 +130,7 @@ class GRPOTrainer:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         job = self.job_trainer.args
         trainer = (self.job_trainer if eval_dataset is None
-                   else JobTrainer(args=job, **{**self._job_args, "eval_dataset": eval_dataset}))
+                   else self.job_trainer_type(args=job, **{**self._job_args, "eval_dataset": eval_dataset}))
         final = Path(job.train.out_dir) / "final_hf"
         model_dir = str(final) if final.is_dir() else self.model_path
         model, tok_dir = model_checkpoint.load_any(model_dir, job.model.dtype)
@@ -169,10 +165,6 @@ class GRPOTrainer:
         tokenizer = tokenization.load_tokenizer(self.tokenizer_dir or self.model_path)
         return tokenization.with_chat_template_kwargs(tokenizer, self.args.chat_template_kwargs)
 
-    def _calls_with_this_trainer(self, rollout_func: Callable[..., Any]) -> Callable[[list[Any], Any], Any]:
-        """TRL's `rollout_func(prompts, trainer)` with this trainer as `trainer` (its args, state, processing_class)."""
-        return lambda prompts, _job_trainer: rollout_func(prompts, self)
-
     def _resume(self, resume_from_checkpoint: bool | str | None) -> bool:
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return False
@@ -197,6 +189,47 @@ class GRPOTrainer:
         for file in source.iterdir():
             if file.is_file():
                 shutil.copy2(file, target / file.name)
+
+
+class GRPOTrainer(Trainer):
+    """TRL 1.16's `trl.GRPOTrainer`, argument for argument (`Trainer` has what the trainers share).
+    `rollout_func(prompts, trainer)` gets this trainer. What jaxcore cannot do yet (a custom optimizer,
+    quantization) is a one-line ValueError here, before any work."""
+
+    args_type, job_trainer_type = GRPOConfig, JobGRPOTrainer
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 reward_processing_classes: Any = None, callbacks: Sequence[Any] | None = None,
+                 optimizers: tuple[Any, Any] = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, tools: Sequence[Callable[..., Any]] | None = None,
+                 rollout_func: Callable[..., Any] | None = None, environment_factory: Any = None) -> None:
+        unsupported = [name for name, value, default in (
+            ("optimizers", tuple(optimizers), (None, None)), ("quantization_config", quantization_config, None))
+            if value != default and value]
+        if unsupported:
+            raise ValueError(f"not supported by jaxcore yet: {', '.join(unsupported)} (jaxcore builds AdamW and its "
+                             "schedule from args and trains unquantized weights)")
+        if reward_processing_classes is not None:
+            warnings.warn("reward_processing_classes has no effect in jaxcore: each reward model's tokenizer is "
+                          "read from its directory", UserWarning, stacklevel=2)
+        self.lora = None if peft_config is None else lora_config(peft_config)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks,
+                         tools=tools, environment_factory=environment_factory,
+                         rollout_func=rollout_func and self._calls_with_this_trainer(rollout_func))
+
+    def _job_config(self, devices: int) -> Any:
+        job = super()._job_config(devices)
+        job.grpo.lora = self.lora
+        return job
+
+    def _steps(self, job: Any, devices: int) -> tuple[int, int]:
+        return job.grpo.num_iterations * job.grpo.steps_per_rollout, self.args.optimizer_steps(devices,
+                                                                                               self.train_rows)[1]
+
+    def _calls_with_this_trainer(self, rollout_func: Callable[..., Any]) -> Callable[[list[Any], Any], Any]:
+        """TRL's `rollout_func(prompts, trainer)` with this trainer as `trainer` (its args, state, processing_class)."""
+        return lambda prompts, _job_trainer: rollout_func(prompts, self)
 
 
 def data_parallel_devices() -> int:

@@ -1,0 +1,178 @@
+"""What TRL-style flat arguments have in common whatever the trainer (`jaxcore.trl.config.GRPOConfig`,
+`jaxcore.trl.es.ESConfig`): keyword arguments checked against a table of names and defaults, each mapped, accepted
+with one warning or refused in one line, and the mapping of the generic ones (transformers' TrainingArguments and
+TRL's generation settings) onto a jaxcore job config's sections."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import warnings
+from typing import Any, ClassVar
+
+from jaxcore.errors import ConfigValueError
+
+GENERATION_KWARGS = {         # a generation_kwargs key jaxcore follows -> the TRL argument it overrides, as in TRL
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_completion_length",
+}
+SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit=None: TRL keeps them all
+NAME_OF_KEY = {               # a job-config key set from one generic argument -> that argument (for error messages)
+    "rollout.temperature": "temperature", "rollout.top_p": "top_p", "rollout.top_k": "top_k", "rollout.min_p": "min_p",
+    "rollout.repetition_penalty": "repetition_penalty",
+    "rollout.generations_per_prompt": "num_generations", "rollout.max_new_tokens": "max_completion_length",
+    "rollout.max_tool_calling_iterations": "max_tool_calling_iterations", "rewards.weights": "reward_weights",
+    "optimizer.learning_rate": "learning_rate", "optimizer.weight_decay": "weight_decay",
+    **{f"optimizer.{name}": name for name in ("adam_beta1", "adam_beta2", "adam_epsilon", "warmup_steps")},
+    "train.seed": "seed", "train.out_dir": "output_dir",
+}
+
+
+def strategy(value: Any) -> str:
+    """A transformers strategy (an enum or its string) as its string."""
+    return str(getattr(value, "value", value))
+
+
+class FlatArguments:
+    """Flat keyword arguments with a table's names and defaults (`DEFAULTS`): an unknown name is TRL's TypeError; a
+    name in `REFUSED` set to another value, or a value `_refused_values` names, is one ValueError line; a name in
+    `IGNORED` set to another value gets one warning naming what jaxcore does instead."""
+
+    DEFAULTS: ClassVar[dict[str, Any]]
+    HANDLED: ClassVar[dict[str, str]]
+    IGNORED: ClassVar[dict[str, str]]
+    REFUSED: ClassVar[dict[str, str]]
+    NAME_OF_KEY: ClassVar[dict[str, str]] = NAME_OF_KEY
+
+    def __init__(self, output_dir: str | None = None, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in self.DEFAULTS:
+                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument '{name}'")
+        self.__dict__.update({**copy.deepcopy(self.DEFAULTS), **kwargs, "output_dir": output_dir})
+        given = set(kwargs) | ({"output_dir"} if output_dir is not None else set())
+        if self.output_dir is None:
+            self.output_dir = "trainer_output"
+        for name in ("generation_kwargs", "chat_template_kwargs", "model_init_kwargs"):
+            if isinstance(getattr(self, name, None), str):   # TRL's dict fields take JSON text (from a command line)
+                setattr(self, name, json.loads(getattr(self, name)))
+        if strategy(self.eval_strategy) != "no":
+            self.do_eval = True                     # transformers' TrainingArguments does the same
+        self._check()
+        refused = [f"{name}={getattr(self, name)!r} ({why})" for name, why in self.REFUSED.items()
+                   if name in given and getattr(self, name) != self.DEFAULTS[name]]
+        refused += self._refused_values()
+        if refused:
+            raise ValueError("not supported by jaxcore: " + "; ".join(refused))
+        with warnings.catch_warnings():             # every value in its range, now
+            warnings.simplefilter("ignore")
+            self._probe()
+        ignored = [f"{name} ({what})" for name, what in self.IGNORED.items()
+                   if name in given and getattr(self, name) != self.DEFAULTS[name]]
+        if ignored:
+            warnings.warn(f"{type(self).__name__} arguments with no effect in jaxcore: " + "; ".join(ignored),
+                          UserWarning, stacklevel=2)
+
+    def _check(self) -> None:
+        """The trainer's own checks of its arguments (TRL's), before jaxcore's refusals."""
+
+    def _probe(self) -> None:
+        """Build a job config once, so that every value is checked at construction."""
+
+    def _refused_values(self) -> list[str]:
+        """Values of mapped arguments that jaxcore cannot follow."""
+        refused = []
+        if strategy(self.lr_scheduler_type) not in SCHEDULES:
+            refused.append(f"lr_scheduler_type={self.lr_scheduler_type!r} (jaxcore has {', '.join(SCHEDULES)})")
+        if strategy(self.save_strategy) == "best":
+            refused.append("save_strategy='best' (the last checkpoint is the result)")
+        unknown = sorted(set(self.generation_kwargs or {}) - set(GENERATION_KWARGS) - {"do_sample"})
+        if unknown or (self.generation_kwargs or {}).get("do_sample", True) is not True:
+            refused.append(f"generation_kwargs={self.generation_kwargs!r} (jaxcore samples with "
+                           f"{', '.join(GENERATION_KWARGS)}; do_sample must stay True)")
+        return refused
+
+    def generation_settings(self) -> dict[str, Any]:
+        """The sampling arguments after generation_kwargs overrides them (TRL updates its generation config with
+        generation_kwargs last), by their TRL names."""
+        settings = {name: getattr(self, name) for name in GENERATION_KWARGS.values()}
+        for key, value in (self.generation_kwargs or {}).items():
+            if key in GENERATION_KWARGS:
+                settings[GENERATION_KWARGS[key]] = value
+        return settings
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.__dict__.items() if k in self.DEFAULTS and v != self.DEFAULTS[k]}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every argument and its value (transformers' `TrainingArguments.to_dict`)."""
+        return {name: getattr(self, name) for name in self.DEFAULTS}
+
+    # -- the generic arguments' mapping ---------------------------------------------------------------
+
+    def _map_sampling(self, job: Any) -> None:
+        """Generations per prompt, completion length, sampling, chat-template variables, reward weights."""
+        r = job.rollout
+        r.generations_per_prompt = self.num_generations
+        given = self.generation_settings()
+        r.max_new_tokens = r.max_episode_tokens = given["max_completion_length"]
+        r.temperature, r.top_p, r.top_k = given["temperature"], given["top_p"], given["top_k"]
+        r.min_p = 0.0 if given["min_p"] is None else given["min_p"]
+        r.repetition_penalty = given["repetition_penalty"]
+        r.chat_template_kwargs = dict(self.chat_template_kwargs or {})
+        r.max_tool_calling_iterations = self.max_tool_calling_iterations
+        job.rewards.weights = None if self.reward_weights is None else [float(w) for w in self.reward_weights]
+
+    def _map_optimizer(self, job: Any, total_steps: int, name: str) -> None:
+        o = job.optimizer
+        o.name, o.learning_rate, o.weight_decay = name, self.learning_rate, self.weight_decay
+        o.schedule = SCHEDULES[strategy(self.lr_scheduler_type)]
+        o.warmup_steps = (int(self.warmup_steps) if self.warmup_steps >= 1
+                          else math.ceil(total_steps * self.warmup_steps))
+        o.max_grad_norm = self.max_grad_norm
+        o.adam_beta1, o.adam_beta2, o.adam_epsilon = self.adam_beta1, self.adam_beta2, self.adam_epsilon
+
+    def _map_train(self, job: Any, rollouts: int, per_rollout: int, per_epoch: int, devices: int) -> None:
+        """The run's length, seed, output, logging, checkpoints and evaluation: `rollouts` jaxcore epochs of
+        `per_rollout` optimizer steps each, `per_epoch` optimizer steps per pass over the dataset."""
+        t = job.train
+        t.epochs, t.seed, t.out_dir = rollouts, self.seed, str(self.output_dir)
+        t.progress = not self.disable_tqdm
+        t.log_completions, t.completions_to_print = bool(self.log_completions), self.num_completions_to_print
+        reports = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to or [])
+        t.tensorboard = bool({"tensorboard", "all"} & set(reports))
+        t.max_to_keep = KEEP_EVERY_CHECKPOINT if self.save_total_limit is None else max(self.save_total_limit, 1)
+        t.checkpoint_every = every(self.save_strategy, self.save_steps, rollouts, per_rollout, per_epoch)
+        eval_steps = self.eval_steps if self.eval_steps is not None else self.logging_steps
+        t.eval_every = every(self.eval_strategy, eval_steps, rollouts, per_rollout, per_epoch)
+        t.eval_batch_size = self.per_device_eval_batch_size * devices
+        t.eval_samples_per_prompt = self.num_generations_eval or self.num_generations
+        if self.do_eval and t.eval_every >= 0 and t.eval_batch_size % t.eval_samples_per_prompt:
+            raise ValueError(f"The global eval batch size ({self.per_device_eval_batch_size} * {devices}) must be "
+                             f"divisible by the number of generations used for evaluation "
+                             f"({t.eval_samples_per_prompt}).")
+        job.model.dtype = "bfloat16" if self.bf16 else "float32"
+
+    def _validated(self, job: Any) -> Any:
+        """`job` validated; its one-line error names the arguments (TRL's names), not the job config's keys."""
+        try:
+            job.validate()
+        except (ConfigValueError, ValueError) as err:
+            message = str(err)
+            for key in sorted(self.NAME_OF_KEY, key=len, reverse=True):
+                message = message.replace(key, self.NAME_OF_KEY[key])
+            raise ValueError(f"{type(self).__name__}: {message}") from None
+        return job
+
+
+def every(strategy_value: Any, steps: float, rollouts: int, per_rollout: int, per_epoch: int) -> int:
+    """A TRL save/eval strategy as jaxcore's every-N-rollouts (-1: never)."""
+    name = strategy(strategy_value)
+    if name == "no":
+        return -1
+    if name == "epoch":
+        return max(per_epoch // per_rollout, 1)
+    every_steps = steps if steps >= 1 else math.ceil(rollouts * per_rollout * steps)
+    return max(int(every_steps) // per_rollout, 1)
