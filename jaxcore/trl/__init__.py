@@ -1,6 +1,7 @@
 """TRL 1.16's GRPO script surface on jaxcore: `GRPOConfig` with TRL's flat arguments (`config`, each argument's
 handling in `arguments`) and `GRPOTrainer` with TRL's constructor and methods (`trainer`). A TRL script runs by
-changing its import: `from jaxcore.trl import GRPOConfig, GRPOTrainer`.
+changing its import: `from jaxcore.trl import GRPOConfig, GRPOTrainer`. `ESConfig` and `ESTrainer` (`es`) give
+EGGROLL the same arguments and surface.
 
 May import: `jaxcore.api` and the layers below it.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+__all__ = ["ESConfig", "ESTrainer", "GRPOConfig", "GRPOTrainer"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from jaxcore.trl.trainer import GRPOTrainer
 
         return GRPOTrainer
+    if name in ("ESConfig", "ESTrainer"):
+        from jaxcore.trl import es
+
+        return getattr(es, name)
     raise AttributeError(f"module 'jaxcore.trl' has no attribute {name!r}")

@@ -11,6 +11,7 @@ import math
 import warnings
 from typing import Any, ClassVar
 
+from jaxcore.config import schema
 from jaxcore.errors import ConfigValueError
 
 GENERATION_KWARGS = {         # a generation_kwargs key jaxcore follows -> the TRL argument it overrides, as in TRL
@@ -158,8 +159,11 @@ class FlatArguments:
     def _validated(self, job: Any) -> Any:
         """`job` validated; its one-line error names the arguments (TRL's names), not the job config's keys."""
         try:
-            job.validate()
-        except (ConfigValueError, ValueError) as err:
+            schema.check(job)
+            validate = getattr(job, "validate", None)
+            if validate is not None:
+                validate()
+        except (ConfigValueError, ValueError, TypeError) as err:
             message = str(err)
             for key in sorted(self.NAME_OF_KEY, key=len, reverse=True):
                 message = message.replace(key, self.NAME_OF_KEY[key])
