@@ -87,11 +87,7 @@ class GRPOConfig(FlatArguments):
                 raise ValueError(f"train_dataset has {train_rows} rows, fewer than the {prompts} prompts of one "
                                  f"generation (generation_batch_size {generation_batch} / num_generations "
                                  f"{self.num_generations})")
-        if self.max_steps > 0:
-            return self.max_steps, per_epoch
-        if train_rows is None:
-            raise ValueError("max_steps must be set when the train dataset's length is not known")
-        return math.ceil(self.num_train_epochs * per_epoch), per_epoch
+        return self.run_steps(per_epoch, train_rows), per_epoch
 
     def to_job_config(self, devices: int = 1, train_rows: int | None = None) -> JobConfig:
         """jaxcore's job config for this run on `devices` data-parallel devices with `train_rows` prompts: one

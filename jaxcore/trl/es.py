@@ -6,7 +6,6 @@ surface over jaxcore's ES trainer. One ES step is one update: one jaxcore epoch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,11 +88,7 @@ class ESConfig(FlatArguments):
     def steps(self, train_rows: int | None) -> tuple[int, int]:
         """(ES steps of the run, ES steps per pass over `train_rows` prompts)."""
         per_epoch = max((train_rows or 0) // self.prompts_per_step, 1)
-        if self.max_steps > 0:
-            return self.max_steps, per_epoch
-        if train_rows is None:
-            raise ValueError("max_steps must be set when the train dataset's length is not known")
-        return math.ceil(self.num_train_epochs * per_epoch), per_epoch
+        return self.run_steps(per_epoch, train_rows), per_epoch
 
     def to_job_config(self, devices: int = 1, train_rows: int | None = None) -> JobConfig:
         """jaxcore's ES job config for a run on `devices` devices with `train_rows` prompts."""

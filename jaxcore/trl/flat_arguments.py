@@ -94,6 +94,14 @@ class FlatArguments:
                            f"{', '.join(GENERATION_KWARGS)}; do_sample must stay True)")
         return refused
 
+    def run_steps(self, per_epoch: int, train_rows: int | None) -> int:
+        """transformers' step count: max_steps, or num_train_epochs passes of `per_epoch` steps over the dataset."""
+        if self.max_steps > 0:
+            return self.max_steps
+        if train_rows is None:
+            raise ValueError("max_steps must be set when the train dataset's length is not known")
+        return math.ceil(self.num_train_epochs * per_epoch)
+
     def generation_settings(self) -> dict[str, Any]:
         """The sampling arguments after generation_kwargs overrides them (TRL updates its generation config with
         generation_kwargs last), by their TRL names."""
