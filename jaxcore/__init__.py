@@ -5,14 +5,13 @@
     logits = model(input_ids, attention_mask=mask)
     jaxcore.save_hf(model, "out_dir", tokenizer_dir="path/to/hf_dir")
 
-Heavy modules load lazily, so `import jaxcore.rewards` (e.g. in reward worker processes) stays light.
+Heavy modules load lazily, so `import jaxcore.rewards` (e.g. in reward worker processes) stays light, and
+importing runs nothing: the CLI and the trainers call `keep_freed_host_memory()` before their first JAX work (a
+script that computes with JAX before it builds a trainer may call it first; `jaxcore.runtime.host_allocator`).
 """
 
 import importlib
 from typing import Any
-
-from jaxcore import _moved
-from jaxcore.runtime import host_allocator
 
 __version__ = "0.1.0"
 _LAZY = {
@@ -22,17 +21,12 @@ _LAZY = {
     "save_model": "jaxcore.hf.model_checkpoint",
     "ESTrainer": "jaxcore.api", "GRPOTrainer": "jaxcore.api",
     "ESConfig": "jaxcore.es.config", "GRPOConfig": "jaxcore.grpo.config",
+    "keep_freed_host_memory": "jaxcore.runtime.host_allocator",
 }
 __all__ = [*_LAZY, "__version__"]
-
-
-host_allocator.keep_freed_host_memory()    # before JAX starts its CPU threads (see that module)
-_moved.install()          # the flat module paths of earlier releases still import (deprecated)
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _moved.MOVED and name not in _moved.PACKAGES_NOW:     # `from jaxcore import eggroll` (old path)
-        return importlib.import_module(f"jaxcore.{name}")
     raise AttributeError(f"module 'jaxcore' has no attribute {name!r}")

@@ -54,6 +54,9 @@ class _Trainer:
                  rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None):
         """Checks every argument and every setting of `args` (types and ranges: `jaxcore.config.schema`)
         before any work: a TypeError or ValueError naming the parameter."""
+        from jaxcore.runtime import host_allocator
+
+        host_allocator.keep_freed_host_memory()     # before the first JAX work (see that module)
         self.args = args if args is not None else self.config_type()
         if not isinstance(self.args, self.config_type):
             raise TypeError(f"args must be a {self.config_type.__name__}, got {type(self.args).__name__}")

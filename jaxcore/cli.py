@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from jaxcore.runtime import host_allocator
+
+    host_allocator.keep_freed_host_memory()     # before the command's first JAX work (see that module)
     return dispatch(build_parser, argv, user_error_types)
 
 

@@ -36,6 +36,7 @@ def run_in_child(target: str, spec: dict[str, Any], out: Path, env: dict[str, st
 
 def child_main(out_dir: str) -> None:
     """The child process of `run_in_child`: reads `spec.json` in `out_dir`, writes `result.json` there."""
+    host_allocator.keep_freed_host_memory()     # as the jaxcore command does, before the child's JAX work
     out = Path(out_dir)
     job = json.loads((out / "spec.json").read_text())
     module, function = job["target"].split(":")

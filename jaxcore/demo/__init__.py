@@ -4,9 +4,3 @@
 May import: `jaxcore.api` and everything below it, and `torchref` (the reference evaluation).
 """
 
-
-def __getattr__(name: str) -> object:
-    """Names of the old flat module `jaxcore.demo` (deprecated; see `jaxcore._moved`)."""
-    from jaxcore._moved import old_attribute
-
-    return old_attribute("demo", name)

@@ -5,9 +5,3 @@
 May import: `jaxcore.runtime` and the layers below it; never `jaxcore.es`.
 """
 
-
-def __getattr__(name: str) -> object:
-    """Names of the old flat module `jaxcore.grpo` (deprecated; see `jaxcore._moved`)."""
-    from jaxcore._moved import old_attribute
-
-    return old_attribute("grpo", name)

@@ -6,9 +6,3 @@ May import: the layers below it in the import-linter contract (`jaxcore.config`,
 `jaxcore.errors`); every other package builds on this one.
 """
 
-
-def __getattr__(name: str) -> object:
-    """Names of the old flat module `jaxcore.model` (deprecated; see `jaxcore._moved`)."""
-    from jaxcore._moved import old_attribute
-
-    return old_attribute("model", name)

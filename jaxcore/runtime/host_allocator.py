@@ -1,15 +1,15 @@
 """Host memory that stays mapped between XLA:CPU programs.
 
-XLA:CPU allocates every buffer of a program run (a GRPO step's temporaries are one ~4.7 GB block at
-SmolLM2-135M, 16 x 140 tokens) from the thread that runs it. glibc serves such a request from that thread's
-own arena, which cannot hold it, so it maps fresh pages and unmaps them when the run ends: every step
-page-faults its whole working set anew (1.37 million faults, 2.5-12 s of kernel time per step on two CPU
-cores, more after torch has run in the same process). With one arena, no mmap'd chunks and no trimming,
+XLA:CPU allocates every buffer of a program run (a GRPO step's temporaries are one block of gigabytes) from the
+thread that runs it. glibc serves such a request from that thread's own arena, which cannot hold it, so it maps
+fresh pages and unmaps them when the run ends: every step page-faults its whole working set anew (seconds of
+kernel time per step on a small host; docs/benchmarks.md). With one arena, no mmap'd chunks and no trimming,
 freed blocks stay in the heap and the next step reuses them: no faults after the first step.
 
-`keep_freed_host_memory()` sets that policy (glibc's `mallopt`) and is called on `import jaxcore`, because
-it only reaches the threads that have not allocated yet: XLA's CPU client starts its threads on the first
-JAX computation. The cost: the process keeps its peak host memory instead of returning it to the system.
+`keep_freed_host_memory()` sets that policy (glibc's `mallopt`); the `jaxcore` command and the trainers
+(`jaxcore.api`, `jaxcore.trl`) call it before their first JAX work, because it only reaches the threads that have
+not allocated yet: XLA's CPU client starts its threads on the first JAX computation. Importing jaxcore does not.
+The cost: the process keeps its peak host memory instead of returning it to the system.
 Set `JAXCORE_HOST_MALLOC=system` to keep glibc's defaults. Nothing is changed where an accelerator plugin is
 installed (device buffers do not live here), on other C libraries, or once a JAX backend is running.
 """

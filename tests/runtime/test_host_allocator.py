@@ -1,6 +1,6 @@
-"""The host allocator policy set on `import jaxcore` (`jaxcore.runtime.host_allocator`): XLA:CPU's buffers
-stay mapped between program runs, so a run does not page-fault its working set anew. Counted (page faults),
-never timed."""
+"""The host allocator policy the jaxcore command and trainers set (`jaxcore.runtime.host_allocator`): XLA:CPU's
+buffers stay mapped between program runs, so a run does not page-fault its working set anew. Counted (page
+faults), never timed. Importing jaxcore sets nothing."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 PROGRAM = """
 import json, resource
 import jaxcore
+jaxcore.keep_freed_host_memory()
 import jax, jax.numpy as jnp
 from jaxcore.runtime import host_allocator
 
@@ -71,6 +72,18 @@ def test_nothing_is_claimed_once_a_backend_runs():
 
 
 def test_a_misspelt_choice_is_named_in_a_warning():
-    out = subprocess.run([sys.executable, "-c", "import jaxcore"], env={**os.environ, "JAXCORE_HOST_MALLOC": "sytem"},
-                         capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "jaxcore.cli", "--help"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "JAXCORE_HOST_MALLOC": "sytem"}, timeout=120)
     assert "JAXCORE_HOST_MALLOC='sytem' is neither 'keep' nor 'system'" in out.stderr
+
+
+@pytest.mark.parametrize("code, applied", [
+    ("import jaxcore, jaxcore.api, jaxcore.trl", False),       # importing runs nothing
+    ("import jaxcore.api; jaxcore.api.ESTrainer()", True),      # a trainer sets it before its first JAX work
+    ("from jaxcore.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass", True),
+])
+def test_the_policy_is_set_by_the_command_and_the_trainers_not_by_importing(code, applied):
+    script = f"{code}\nfrom jaxcore.runtime import host_allocator\nprint(host_allocator.applied)"
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == str(applied), out.stderr[-2000:]
