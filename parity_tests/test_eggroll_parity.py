@@ -1,7 +1,7 @@
 """EGGROLL in jaxcore vs an independent torch reference on the HF model (torchref.es_reference).
 
 The only thing shared with jaxcore's ES code is the raw unit-Gaussian draws (`eggroll.pair_factors`):
-the torch side builds each member's dense `W + sigma * E_i` itself from DESIGN.md, runs the HF model
+the torch side builds each member's dense `W + sigma * E_i` itself from docs/design.md, runs the HF model
 per member, and forms the update from the materialised noise, so a mistake in jaxcore's signs, scaling,
 pairing or einsum cannot be mirrored.
 """

@@ -1,7 +1,7 @@
 """EGGROLL fitness shaping in torch, for parity with `jaxcore.es.eggroll.shape_fitness`.
 
 The perturbed forward and the ES update live in `torchref.es_reference`, which builds every member's
-dense weights from jaxcore's raw draws and DESIGN.md alone. (This module used to hold a hook-based
+dense weights from jaxcore's raw draws and docs/design.md alone. (This module used to hold a hook-based
 forward and a line-for-line mirror of jaxcore's update, fed with jaxcore's own scaled factors: a mistake
 shared by both could not be seen, so they were removed.)
 """

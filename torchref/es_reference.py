@@ -5,7 +5,7 @@ Why it is independent of jaxcore's ES code: from jaxcore it takes only the raw r
 unit-Gaussian arrays of `jaxcore.es.eggroll.pair_factors(plan, epoch, arange(N // 2))` (per perturbed
 jaxcore path, pair p's unscaled `AB [P, in + out, r]` for a matrix, `eps [P, ...]` for a vector), and
 the jaxcore-path -> HF-tensor names of `jaxcore.hf.mapping.tensor_maps` (the layout the model parity
-tests check). Everything else is written here from DESIGN.md ("EGGROLL, precisely"), not from
+tests check). Everything else is written here from docs/design.md ("EGGROLL"), not from
 jaxcore's code: member i uses pair i // 2 with sign +1 (even i) or -1 (odd i); `A = AB[:in]`,
 `B = AB[in:]`; `E_i = sign_i * A @ B.T / sqrt(r)` (or `sign_i * eps` for a vector); each member's
 full weight `W_i = W + sigma * E_i` is formed as a dense tensor in the HF layout (its orientation taken

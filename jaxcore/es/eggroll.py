@@ -1,4 +1,4 @@
-"""EGGROLL: low-rank evolution strategies (arXiv:2511.16652), exactly as DESIGN.md states it.
+"""EGGROLL: low-rank evolution strategies (arXiv:2511.16652), exactly as docs/design.md states it.
 
 For a weight matrix W [I, O], member i and epoch e (rank r, scale sigma, antithetic pairs)::
 
