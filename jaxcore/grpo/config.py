@@ -13,13 +13,14 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Gt, Interval
 
 from jaxcore.config.schema import check
+from jaxcore.grpo.loss_types import LOSS_KINDS
 from jaxcore.model.lora import LoRAConfig
 from jaxcore.parallel.config import DistributedConfig
 from jaxcore.rewards.config import RewardsConfig, TaskConfig
 from jaxcore.runtime.config import ModelSource, RolloutConfig, TrainConfig
 from jaxcore.runtime.optim import OptimizerConfig
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+LossType = Literal[tuple(LOSS_KINDS)]           # one entry per type in jaxcore.grpo.loss_types
 ImportanceSamplingLevel = Literal["token", "sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]

@@ -1,36 +1,22 @@
 """The GRPO policy loss with TRL 1.16's `GRPOTrainer._compute_loss` formulas, as pure `jnp`.
 
 Shapes: B completions, T completion-token positions. Works on sharded global arrays inside `jax.jit`.
-Loss types: grpo, bnpo, dr_grpo, dapo, luspo (clipped surrogate), cispo (clipped, detached IS weight
-times log p), sapo (soft sigmoid gate), vespo (detached Gamma weight of the sequence ratio times log p).
-Options: token- or sequence-level (GSPO) importance ratios, two-sided clipping `delta`, the
-bias-corrected KL (`kl * ratio`), `top_entropy_quantile`, the entropy bonus `entropy_coef`, and the
-off-policy sequence mask (`off_policy_mask_threshold`).
+The loss types (per-token term, reduction, clipping) are `jaxcore.grpo.loss_types.LOSS_KINDS`. Options: token-
+or sequence-level (GSPO) importance ratios, two-sided clipping `delta`, the bias-corrected KL (`kl * ratio`),
+`top_entropy_quantile`, the entropy bonus `entropy_coef`, and the off-policy sequence mask
+(`off_policy_mask_threshold`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxcore.grpo.config import GRPOLossConfig
+from jaxcore.grpo.loss_types import clip_range, loss_kind, option
 
 Array = jax.Array
-
-CLIP_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")        # the PPO-style min(ratio * A, clip * A)
-GLOBAL_NORM_TYPES = ("dapo", "cispo", "vespo")                    # divided by the whole step's token count
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
-
-
-def option(cfg: Any, name: str) -> Any:
-    """`cfg.name`, or TRL's default (`GRPOLossConfig`'s) when a duck-typed config lacks it (the loss takes
-    any object with the loss settings' names, e.g. TRL's flat config, as parity_tests check)."""
-    return getattr(cfg, name, _DEFAULTS[name])
-
 
 def entropy_bonus_enabled(cfg: Any) -> bool:
     """Whether the loss has the entropy bonus term: a non-zero entropy_coef, or the adaptive controller (whose
@@ -45,15 +31,6 @@ def adapted_entropy_coef(coef: Array, window_entropy: Array, cfg: Any) -> Array:
     up = jnp.minimum(coef + cfg.entropy_coef_delta, cfg.entropy_coef_max)
     down = jnp.maximum(coef - cfg.entropy_coef_delta, cfg.entropy_coef_min)
     return jnp.where(window_entropy <= cfg.entropy_target, up, down)
-
-
-def clip_range(cfg: Any) -> tuple[float, float]:
-    """(1 - epsilon, 1 + epsilon_high), with epsilon_high defaulting to epsilon as in TRL."""
-    return 1.0 - cfg.epsilon, 1.0 + upper_epsilon(cfg)
-
-
-def upper_epsilon(cfg: Any) -> float:
-    return cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -88,70 +65,19 @@ def off_policy_mask(advantages_B1: Array, logp_BT: Array, old_logp_BT: Array, ma
     return ((advantages_B1 >= 0) | (seq_kl_B1 <= threshold)).astype(jnp.float32)
 
 
-def vespo_weights(advantages_B1: Array, log_ratio_BT: Array, mask_BT: Array, cfg: Any) -> Array:
-    """VESPO's detached Gamma weight phi(w) = exp(lambda + k log w - lambda w) of the sequence ratio w: [B, 1]."""
-    lower = math.log(1e-8)
-    seq_log_ratio_B1 = jnp.where(mask_BT, jnp.clip(log_ratio_BT, -20.0, 20.0), 0.0).sum(-1, keepdims=True)
-    log_w_B1 = jnp.clip(seq_log_ratio_B1, lower, 20.0)
-    nonneg_B1 = advantages_B1 >= 0
-    k_B1 = jnp.where(nonneg_B1, option(cfg, "vespo_k_pos"), option(cfg, "vespo_k_neg"))
-    lam_B1 = jnp.maximum(jnp.where(nonneg_B1, option(cfg, "vespo_lambda_pos"), option(cfg, "vespo_lambda_neg")), 1e-4)
-    phi_B1 = jnp.exp(lam_B1 + k_B1 * log_w_B1 - lam_B1 * jnp.exp(log_w_B1))
-    return jax.lax.stop_gradient(jnp.nan_to_num(phi_B1, nan=0.0, posinf=0.0, neginf=0.0))
-
-
 def aggregate(per_token_BT: Array, mask_BT: Array, loss_type: str, max_completion_length: int | None,
               num_items_in_batch: Array | float | None = None) -> Array:
-    """Reduce a per-token loss to a scalar the way TRL's `loss_type` does (before accumulation scaling).
-
-    grpo/sapo: mean over rows of the per-row masked mean; bnpo: sum / active tokens; dr_grpo:
-    sum / (B * max_completion_length); luspo: mean over rows of the per-row sum; dapo/cispo/vespo:
-    sum / `num_items_in_batch`, the active-token count of the whole optimiser step (default: this batch's).
-    """
+    """Reduce a per-token loss to a scalar the way TRL's `loss_type` does (`LOSS_KINDS[loss_type].reduce`, before
+    accumulation scaling); `num_items_in_batch` is the whole optimiser step's active tokens (default: this
+    batch's), which the step-normalised types divide by."""
+    kind = loss_kind(loss_type)
     total_B = jnp.where(mask_BT, per_token_BT, 0.0).sum(-1)
     count_B = mask_BT.astype(jnp.float32).sum(-1)
-    if loss_type in ("grpo", "sapo"):
-        return (total_B / jnp.maximum(count_B, 1.0)).mean()
-    if loss_type == "bnpo":
-        return total_B.sum() / jnp.maximum(count_B.sum(), 1.0)
-    if loss_type == "dr_grpo":
-        if max_completion_length is None or max_completion_length <= 0:
-            raise ValueError(f"dr_grpo needs max_completion_length > 0 (the rollout's completion_tokens), "
-                             f"not {max_completion_length}")
-        return total_B.sum() / (per_token_BT.shape[0] * max_completion_length)
-    if loss_type == "luspo":
-        return total_B.mean()
-    if loss_type in GLOBAL_NORM_TYPES:
-        n = count_B.sum() if num_items_in_batch is None else jnp.asarray(num_items_in_batch, jnp.float32)
-        return total_B.sum() / jnp.maximum(n, 1.0)
-    raise ValueError(f"unknown loss_type {loss_type!r}")
+    step_tokens = count_B.sum() if num_items_in_batch is None else jnp.asarray(num_items_in_batch, jnp.float32)
+    return kind.reduce(total_B, count_B, max_completion_length, step_tokens)
 
 
 # ----------------------------------------------------------------------------- the loss
-
-
-def per_token_policy_loss(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, advantages_B1: Array,
-                          mask_BT: Array, cfg: Any) -> tuple[Array, Array, dict[str, Array]]:
-    """The policy term per token (or per row, [B, 1]) for `cfg.loss_type`; returns (loss, the ratio the
-    clip metrics see, loss-type metrics)."""
-    loss_type, high = cfg.loss_type, upper_epsilon(cfg)
-    if loss_type == "cispo":
-        capped = jax.lax.stop_gradient(jnp.minimum(coef_1, high))
-        clipped = (jax.lax.stop_gradient(coef_1) > high) & (advantages_B1 > 0)
-        return -capped * advantages_B1 * logp_BT, coef_1, {"cispo_clip_ratio": clipped.astype(jnp.float32)}
-    if loss_type in CLIP_TYPES:
-        low, up = clip_range(cfg)
-        coef_2 = jnp.clip(coef_1, low, up)
-        if option(cfg, "delta") is not None:
-            coef_1 = jnp.minimum(coef_1, option(cfg, "delta"))
-        return -jnp.minimum(coef_1 * advantages_B1, coef_2 * advantages_B1), coef_1, {}
-    if loss_type == "sapo":
-        temp_B1 = jnp.where(advantages_B1 > 0, option(cfg, "sapo_temperature_pos"), option(cfg, "sapo_temperature_neg"))
-        return -jax.nn.sigmoid(temp_B1 * (coef_1 - 1.0)) * 4.0 / temp_B1 * advantages_B1, coef_1, {}
-    if loss_type == "vespo":
-        phi_B1 = vespo_weights(advantages_B1, log_ratio_BT, mask_BT, cfg)
-        return -phi_B1 * advantages_B1 * logp_BT, coef_1, {"vespo/phi_seq_mean": phi_B1}
-    raise ValueError(f"unknown loss_type {loss_type!r}")
 
 
 def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | None, advantages_B: Array,
@@ -200,7 +126,8 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
         metrics["kl"] = masked_mean(jax.lax.stop_gradient(kl_BT), mask_BT)
 
     safe_logp_BT = jnp.where(mask_BT, logp_BT, 0.0)
-    per_token, ratio, extra = per_token_policy_loss(safe_logp_BT, coef_1, log_ratio_BT, advantages_B1, mask_BT, cfg)
+    kind = loss_kind(cfg.loss_type)
+    per_token, ratio, extra = kind.term(safe_logp_BT, coef_1, log_ratio_BT, advantages_B1, mask_BT, cfg)
     per_token_BT = jnp.broadcast_to(per_token, mask_BT.shape)
     threshold = option(cfg, "off_policy_mask_threshold")
     if threshold is not None:
@@ -212,7 +139,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     loss = aggregate(per_token_BT, mask_BT, cfg.loss_type, max_completion_length, num_items_in_batch)
     if bonus:
         metrics["policy_loss"] = jax.lax.stop_gradient(loss)
-    if cfg.loss_type not in GLOBAL_NORM_TYPES:
+    if not kind.over_the_step:
         loss = loss / accumulation_steps
     if bonus:
         bonus_mask_BT = mask_BT if entropy_mask_BT is None else entropy_mask_BT
@@ -222,7 +149,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
             metrics["entropy_tokens"] = bonus_mask_BT.sum().astype(jnp.float32)
 
     metrics.update({k: masked_mean(v, mask_BT) for k, v in extra.items()})
-    if cfg.loss_type in CLIP_TYPES:
+    if kind.clipped:
         metrics.update(clip_metrics(jax.lax.stop_gradient(ratio), advantages_B1, mask_BT, cfg))
     return loss, metrics
 

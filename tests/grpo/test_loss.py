@@ -228,3 +228,29 @@ def test_new_option_validation():
                 dict(loss_type="sapo", sapo_temperature_neg=0.0)):
         with pytest.raises(ValueError):
             GRPOLossConfig(**bad)
+
+
+def test_a_loss_type_is_one_registry_entry(monkeypatch):
+    """A type added to `LOSS_KINDS` (here from the test) is taken by the loss as is: its term, its reduction, and
+    the clip metrics only when it clips; the README's table is the registry's."""
+    from pathlib import Path
+
+    from jaxcore.grpo import loss_types
+
+    def doubled(logp_BT, ratio, log_ratio_BT, advantages_B1, mask_BT, cfg):
+        return -2.0 * ratio * advantages_B1, ratio, {"doubled": jnp.ones_like(ratio)}
+
+    monkeypatch.setitem(loss_types.LOSS_KINDS, "doubled", loss_types.LossKind(
+        doubled, loss_types.row_sum_mean, False, "twice the ratio times A, per-sequence sums"))
+    cfg = GRPOLossConfig(loss_type="grpo")
+    object.__setattr__(cfg, "loss_type", "doubled")       # the config's literal was made before this entry
+    logp_BT = jnp.zeros((2, 3))
+    mask_BT = jnp.array([[1, 1, 0], [1, 1, 1]], bool)
+    loss, metrics = grpo_loss(logp_BT, None, None, jnp.array([1.0, -0.5]), mask_BT, cfg)
+    assert float(loss) == pytest.approx(-(2.0 * 2 * 1.0 + 2.0 * 3 * -0.5) / 2)     # rows' sums, then their mean
+    assert "doubled" in metrics and not any(k.startswith("clip_ratio") for k in metrics)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    monkeypatch.delitem(loss_types.LOSS_KINDS, "doubled")
+    assert loss_types.loss_types_markdown() in readme
+    with pytest.raises(ValueError, match="unknown loss_type 'nope'"):
+        loss_types.loss_kind("nope")
