@@ -15,7 +15,7 @@ reward function (`reward_funcs` or `rewards.functions`); weights without functio
 saved HF dataset); every column besides "prompt" reaches the reward functions. Without
 `train_dataset` the config's `task` is used. `tools` (functions) and `environment_factory` (an environment
 class or factory, or {name: factory}) are TRL's: each row becomes a multi-turn episode (`jaxcore.agents`),
-for both trainers. One runtime underneath: `jaxcore.runtime.runner.run_training`
+for both trainers. One runtime underneath: `jaxcore.runtime.training.run_training`
 and its `Runner`.
 """
 
@@ -99,7 +99,7 @@ class _Trainer:
         """The task: the datasets with the reward functions, or the configured task (rewards replaced). As in
         TRL, reward functions are optional when an environment scores its episodes (`scored_by_environment`: its
         class defines `get_reward`); without either, a ValueError naming both."""
-        from jaxcore.runtime.runner import make_task  # lazy: the runner pulls orbax (checkpoints)
+        from jaxcore.runtime.training import make_task  # lazy: the runtime pulls orbax (checkpoints)
 
         functions = self.reward_funcs if self.reward_funcs is not None else list(self.args.rewards.functions)
         weights = self.args.rewards.weights
@@ -122,7 +122,7 @@ class _Trainer:
         """Train (or continue with `resume`; `allow_changes` accepts a checkpoint written with an incompatible
         config); returns the summary (eval reward before/after, final_hf, ...). `observer` is told of each logged
         step and may end the run there (`runtime.runner.Observer`)."""
-        from jaxcore.runtime.runner import run_training  # lazy: the runner pulls orbax (checkpoints)
+        from jaxcore.runtime.training import run_training  # lazy: the runtime pulls orbax (checkpoints)
 
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")

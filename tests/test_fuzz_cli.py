@@ -413,7 +413,8 @@ def write_checkpoints(tiny_dir):
     from jaxcore.es.algorithm import EggrollAlgorithm
     from jaxcore.es.config import ESConfig
     from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
-    from jaxcore.runtime.runner import Runner, make_task
+    from jaxcore.runtime.runner import Runner
+    from jaxcore.runtime.training import make_task
 
     model_dir = tiny_dir("llama")
     model, tokenizer = jaxcore.load_hf(model_dir), load_tokenizer(model_dir)

@@ -1,6 +1,6 @@
 """Held-out evaluation with transformers (torch): greedy generation, then the task's rewards.
 
-The protocol is jaxcore's held-out evaluation (`jaxcore.runtime.runner.evaluate`), so that in float32 the two
+The protocol is jaxcore's held-out evaluation (`jaxcore.runtime.evaluation.evaluate`), so that in float32 the two
 give the same tokens: a plain-text prompt is encoded with the tokenizer's special tokens (a BOS where the
 tokenizer adds one), left-padded; decoding is pure greedy (no processor from the checkpoint's
 generation_config.json, such as a repetition penalty); it stops at every EOS id of the tokenizer and

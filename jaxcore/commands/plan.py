@@ -55,7 +55,7 @@ def task_prompt_tokens(cfg: Any) -> int | None:
     measured_prompt_tokens`: chat template, system prompt, tools); None without a tokenizer at model.path."""
     from jaxcore.agents import build_agent
     from jaxcore.runtime.plan_check import measured_prompt_tokens
-    from jaxcore.runtime.runner import make_task
+    from jaxcore.runtime.training import make_task
 
     agent = build_agent(cfg.rollout, cfg.rewards)
     try:

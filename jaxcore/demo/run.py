@@ -58,7 +58,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from jaxcore.hf.tiny import write_tiny_checkpoint
     from jaxcore.hf.tokenization import load_tokenizer
     from jaxcore.rewards import get_task
-    from jaxcore.runtime.runner import EVAL_SEED
+    from jaxcore.runtime.evaluation import EVAL_SEED
     from torchref.evaluate import evaluate_with_transformers
 
     began = time.perf_counter()

@@ -17,14 +17,12 @@ An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everyt
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,125 +30,26 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jaxcore.agents import build_agent, run_episodes
 from jaxcore.config.yaml_config import to_dict
 from jaxcore.errors import OutputError, TaskConfigError, TrainingError, UserError  # noqa: F401  (re-exported)
-from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is looked up at call time
-from jaxcore.hf.convert import save_hf
-from jaxcore.inference.generate import row_shards
-from jaxcore.model.state import weight_moments
-from jaxcore.outputs import check_output, check_parent, remove_tree
-from jaxcore.parallel import sharding
-from jaxcore.parallel.meshes import maybe_initialize_distributed
-from jaxcore.parallel.rows import gather_rows
-from jaxcore.rewards import Example, Scorer, ScoringStopped, Task, TaskError, get_task
-from jaxcore.rewards.user_functions import task_with_rewards
-from jaxcore.runtime import compile_cache
+from jaxcore.rewards import Example, Scorer, ScoringStopped, Task
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.completions import print_completions, write_completions
-from jaxcore.runtime.config import RolloutConfig
+from jaxcore.runtime.evaluation import EVAL_SEED, evaluate
 from jaxcore.runtime.metrics import MetricsLogger, import_plotting_beside, plot_rewards, read_metrics
-from jaxcore.runtime.optim import check_learning_rate
-from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens, model_config_of
 from jaxcore.runtime.programs import ledger, process_start_time
-from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
-from jaxcore.runtime.run_guard import OutDirLock, check_resume_compatible, data_fingerprint
-from jaxcore.runtime.signals import StopSignal, interrupts_export
+from jaxcore.runtime.run_guard import check_resume_compatible, data_fingerprint
+from jaxcore.runtime.signals import StopSignal
 
 log = logging.getLogger(__name__)
 
-EVAL_SEED = 0          # the held-out examples are drawn with this seed, whatever train.seed is
 LOOKAHEAD = 8          # epochs whose examples the algorithm sees ahead, to make their programs beside earlier work
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
     """Seed of epoch `epoch`'s prompt sample (a pure function of the run seed and the epoch)."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
-
-
-def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, rollout: RolloutConfig, *,
-             batch_size: int, eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
-             agent: Any = None, samples_per_prompt: int = 0) -> dict[str, Any]:
-    """Completions for held-out examples, scored: mean reward, per-function means, samples. One greedy completion
-    per example, or with `samples_per_prompt` k > 0 k completions sampled with the rollout's settings (TRL's
-    `num_generations_eval`) from a fixed key, so that every evaluation of a run draws alike.
-
-    The rollout's pieces (`jaxcore.runtime.rollout`): prompts encoded under the rollout's limits, `sample`d,
-    `score_rows` (each process scores the rows it owns); `batch_size` rows per batch. With `row_sharding` (e.g.
-    rows over a mesh axis, or replicated over a multi-process mesh) the batch lives on that mesh. With an `agent`
-    (tools, environments) every row is a multi-turn episode (`jaxcore.agents`), its environment's reward and
-    turn/tool statistics logged too.
-    """
-    if samples_per_prompt:
-        examples = [e for e in examples for _ in range(samples_per_prompt)]
-    rewards: list[np.ndarray] = []
-    extra_names = agent.reward_names if agent is not None else []
-    per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *extra_names]}
-    episode_metrics: list[dict[str, float]] = []
-    samples: list[dict[str, str]] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        count = len(chunk)
-        rows = chunk + chunk[-1:] * (-count % row_shards(row_sharding))   # a multiple of the row shards
-        key = jax.random.fold_in(jax.random.key(EVAL_SEED), start) if samples_per_prompt else None
-        if agent is None:
-            ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
-            result = sample(model, ids, mask, rollout, key=key, eos_token_ids=eos_token_ids,
-                            pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding, logprobs=False)
-            scores = score_rows(result, rows, tokenizer, scorer, padding_from=count)
-        else:
-            episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=key, eos_token_ids=eos_token_ids,
-                                    pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
-            result = episodes.result
-            scores = score_rows(result, rows, tokenizer, scorer, **episodes.scoring(), padding_from=count)
-            episode_metrics.append(episodes.metrics())
-        rewards.append(scores.rewards_B[:count])
-        for name, values in scores.per_function.items():
-            per_function[name].append(values[:count])
-        if len(samples) < 3:
-            shown = min(3 - len(samples), count)
-            texts = tokenization.decode_completions(tokenizer, gather_rows(result.tokens)[:shown],
-                                                    gather_rows(result.lengths)[:shown])
-            samples.extend({"prompt": e.prompt, "completion": t} for e, t in zip(chunk, texts))
-    rewards_B = np.concatenate(rewards).astype(np.float32) if rewards else np.zeros(0, np.float32)
-    means = function_means({name: np.concatenate(v) if v else np.zeros(0) for name, v in per_function.items()})
-    episodes = {f"eval/{k}": float(np.mean([m[k] for m in episode_metrics])) for k in
-                (episode_metrics[0] if episode_metrics else ()) if k.startswith(("tools/", "episodes/"))}
-    return {"eval/reward": float(rewards_B.mean()), **{f"eval/rewards/{name}/mean": m for name, m in means.items()},
-            **episodes, "eval/samples": samples}
-
-
-def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None,
-              timeout_s: float | None = None, *, scored_by_environment: bool = False,
-              chat_template_kwargs: dict[str, Any] | None = None) -> Any:
-    """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
-
-    `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
-    task's rewards; their probe calls are limited to `timeout_s` (default: `rewards.timeout_s`'s default).
-    `scored_by_environment` (an environment defines `get_reward`, TRL's reward source that makes reward
-    functions optional): a file task with neither `functions` nor `task.options.reward` then has no reward
-    functions of its own (not the default exact_match) and needs no answer column. `chat_template_kwargs`
-    reach a reward model's chat template (TRL's).
-    """
-    options = dict(section.options)
-    environment_only = scored_by_environment and not functions and section.name == "file" and "reward" not in options
-    if (functions or environment_only) and section.name == "file":
-        options.setdefault("require_answer", False)
-    try:
-        task = get_task(section.name, **options)
-    except TypeError as err:
-        raise TaskConfigError(f"task {section.name!r}: {err}") from err
-    except ValueError as err:
-        if isinstance(err, (TaskConfigError, TaskError)):
-            raise
-        raise TaskConfigError(str(err)) from err
-    if environment_only:
-        return dataclasses.replace(task, reward_fns={}, reward_weights={})
-    if not functions:
-        return task
-    return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)),
-                             chat_template_kwargs=chat_template_kwargs)
 
 
 Observer = Callable[[str, int, "dict[str, Any] | None"], "bool | None"]
@@ -371,170 +270,13 @@ def making_programs(since: float | None) -> dict[str, Any]:
             **main.metrics(prefix=""), "ahead_programs": ahead.programs, "ahead_hits": ahead.hits}
 
 
-def fresh_run_over_checkpoints(directory: Path) -> TrainingError:
-    """The refusal of a run without --resume whose out_dir already holds checkpoints."""
-    return TrainingError(f"{directory} already holds checkpoints: pass --resume to continue, "
-                         "or choose another train.out_dir")
-
-
-def refuse_fresh_run_over_checkpoints(out_dir: str | Path) -> None:
-    """Raise `fresh_run_over_checkpoints` when out_dir/checkpoints holds a checkpoint (run before loading)."""
-    directory = Path(out_dir).absolute() / "checkpoints"
-    if not directory.is_dir():
-        return
-    checkpointer = TrainCheckpointer(directory, async_save=False)
-    try:
-        step = checkpointer.latest_step()
-    finally:
-        checkpointer.close()
-    if step is not None:
-        raise fresh_run_over_checkpoints(directory)
-
-
 def state_shapes(state: Any) -> dict[str, list[int]]:
     """{tree path: shape} of every array in a checkpoint state (to name a model change on resume)."""
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
     return {jax.tree_util.keystr(path): list(np.shape(leaf)) for path, leaf in leaves}
 
 
-def run_training(cfg: Any, algorithm: type[Algorithm],
-                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[..., Any] | None = None,
-                 model: Any = None, tokenizer_dir: str | None = None, tools: Sequence[Any] = (),
-                 environment_factory: Any = None, observer: Observer | None = None,
-                 rollout_func: Any = None, owner: Any = None) -> dict[str, Any]:
-    """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
-    eos_token_ids=...)`, run the `Runner`, and export `algorithm.export_model()` to out_dir/final_hf on
-    process 0 (when `train.export_hf`).
-
-    The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
-    the task and loading a model; it is held through the export and released on every exit.
-    `build_task` (called under the lock with `scored_by_environment=`, see `make_task`; default: the config's
-    task) and an already loaded `model` (with `tokenizer_dir`), and `tools` / `environment_factory` (added to
-    `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`), or a
-    `rollout_func` (TRL's, called with `owner` as its trainer) come from the Python API
-    (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an
-    algorithm setting the algorithm rejects with ValueError) is a one-line `UserError`.
-    """
-    check_run_outputs(cfg, resume)                # before the lock creates out_dir: one line, nothing written
-    compile_cache.enable(cfg.train.compilation_cache)   # before anything compiles
-    d = cfg.distributed
-    if d.coordinator:                           # first: the lock's name depends on the process index
-        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
-    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
-    with OutDirLock(cfg.train.out_dir, lock_name):
-        summary = _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
-                                     tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory,
-                                     observer=observer, rollout_func=rollout_func, owner=owner)
-    compile_cache.log_stats()
-    return summary
-
-
-def check_run_outputs(cfg: Any, resume: bool) -> None:
-    """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
-    (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories, and
-    out_dir/checkpoints is not a file (found before training, not after it); a fresh run finds no earlier run's
-    checkpoints, metrics.jsonl or reward.png there (it would replace them: they are continued with --resume);
-    out_dir/final_hf (with `train.export_hf`) is not a link or a file,
-    is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
-    optimiser's learning rate is finite at every step (`check_learning_rate`)."""
-    out = Path(cfg.train.out_dir)
-    if out.is_symlink() and not out.is_dir():
-        raise OutputError(f"train.out_dir {out} is a symbolic link to nothing (or to a file)")
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"train.out_dir {out} exists and is not a directory")
-    check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
-    for written, is_dir in (("metrics.jsonl", False), ("reward.png", False), ("checkpoints", True)):
-        path = out / written
-        if not is_dir and path.is_symlink():          # the log is appended through it: it would write elsewhere
-            raise OutputError(f"train.out_dir's {written} {path} is a symbolic link; a run writes a file at it "
-                              "(move it away, or choose another train.out_dir)")
-        if path.exists() and path.is_dir() != is_dir:
-            raise OutputError(f"train.out_dir's {written} {path} is {'not ' if is_dir else ''}a directory; a run "
-                              f"writes {'checkpoints in' if is_dir else 'a file at'} it (move it away, or choose "
-                              "another train.out_dir)")
-    if not resume:
-        refuse_fresh_run_over_checkpoints(out)            # the earlier run's checkpoints: the clearer refusal
-        for written in ("metrics.jsonl", "reward.png"):
-            path = out / written
-            if path.is_file() and path.stat().st_size > 0:
-                raise OutputError(f"train.out_dir {out} already holds {written}, which a fresh run would replace: "
-                                  "pass --resume to continue that run, or choose another train.out_dir")
-    if cfg.train.export_hf:
-        check_output(out / "final_hf", inputs=(cfg.model.path or None,), overwrite=resume, name="final_hf",
-                     overwrite_hint="continue that run with --resume")
-    check_learning_rate(cfg.optimizer, cfg.train.epochs)
-
-
-def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
-                       allow_changes: bool, *, build_task: Callable[..., Any] | None, model: Any,
-                       tokenizer_dir: str | None, tools: Sequence[Any] = (),
-                       environment_factory: Any = None, observer: Observer | None = None,
-                       rollout_func: Any = None, owner: Any = None) -> dict[str, Any]:
-    """`run_training`'s work under the out_dir lock."""
-    stale = Path(cfg.train.out_dir).glob(".final_hf.tmp-*") if jax.process_index() == 0 else ()   # the exporter's
-    for copy_left in stale:                 # an export stopped mid-write: this out_dir's, under its lock
-        log.info("removing %s, left by an export that was stopped", copy_left)
-        remove_tree(copy_left)
-    if (tools or environment_factory is not None or rollout_func is not None) and not cfg.rollout.multi_turn:
-        cfg = copy.copy(cfg)                # the caller's config stays as it was
-        cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
-    if not resume:
-        refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
-    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory,
-                        rollout_func=rollout_func, owner=owner)
-    try:
-        return _train_export(cfg, algorithm_type, resume, allow_changes, agent, build_task=build_task, model=model,
-                             tokenizer_dir=tokenizer_dir, observer=observer)
-    finally:
-        if agent is not None:
-            agent.close()                       # the tools' worker processes
-
-
-def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow_changes: bool, agent: Any, *,
-                  build_task: Callable[..., Any] | None, model: Any, tokenizer_dir: str | None,
-                  observer: Observer | None = None) -> dict[str, Any]:
-    """`_load_train_export` once the run's `agent` (tools, environments; None for a single-turn run) is built: the
-    task (reward functions optional when an environment scores, as in TRL), the model, the training, the export."""
-    scored_by_environment = bool(agent is not None and agent.reward_names)
-    task = (build_task(scored_by_environment=scored_by_environment) if build_task is not None else
-            make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
-                      scored_by_environment=scored_by_environment,
-                      chat_template_kwargs=cfg.rollout.chat_template_kwargs))
-    if not task.reward_fns and not scored_by_environment:
-        raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
-                        "environment_factory whose environment defines get_reward()")
-    model_cfg = model.config if model is not None else model_config_of(cfg)     # config.json only, read once
-    reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, agent, tokenizer_dir,
-                                                                               model_cfg))
-    if reason:
-        raise UserError(reason)
-    if model is None:
-        if not cfg.model.path:
-            raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
-        model, tok_dir = model_checkpoint.load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
-                                                   **algorithm_type.load_targets(cfg))   # each weight into its shard
-    else:
-        tok_dir = tokenizer_dir or cfg.model.path or None
-    if tok_dir is None:
-        raise UserError(f"{cfg.model.path}: no tokenizer files")
-    tokenizer = tokenization.with_chat_template_kwargs(tokenization.load_tokenizer(tok_dir),
-                                                      cfg.rollout.chat_template_kwargs)
-    eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
-    base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
-    try:
-        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos, **({"agent": agent} if agent else {}))
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights,
-                     observer=observer).run(
-        resume=resume, allow_changes=allow_changes)
-    if cfg.train.export_hf and summary["stopped_by"] is None:
-        final_hf = Path(cfg.train.out_dir) / "final_hf"
-        with interrupts_export(f"the export to {final_hf}"):
-            final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
-            if jax.process_index() == 0:
-                summary["final_hf"] = str(save_hf(final, final_hf, tokenizer_dir=tok_dir,
-                                                  inputs=(cfg.model.path or None,)))
-                summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
-    return summary
+def fresh_run_over_checkpoints(directory: Path) -> TrainingError:
+    """The refusal of a run without --resume whose out_dir already holds checkpoints."""
+    return TrainingError(f"{directory} already holds checkpoints: pass --resume to continue, "
+                         "or choose another train.out_dir")

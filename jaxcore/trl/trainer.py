@@ -124,7 +124,7 @@ class Trainer:
         from jaxcore.agents import build_agent
         from jaxcore.hf import model_checkpoint, tokenization
         from jaxcore.rewards import Scorer
-        from jaxcore.runtime.runner import evaluate
+        from jaxcore.runtime.evaluation import evaluate
 
         if eval_dataset is None and self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")

@@ -65,7 +65,7 @@ def test_without_reward_functions_the_environment_reward_is_the_reward():
 
 
 def test_a_file_task_scored_by_its_environment_needs_no_answers_and_no_reward_function(tmp_path):
-    from jaxcore.runtime.runner import make_task
+    from jaxcore.runtime.training import make_task
 
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "Count to 2."}\n{"prompt": "Count to 4."}\n')
@@ -90,7 +90,7 @@ def test_a_run_with_no_reward_source_is_one_line(tmp_path):
     before the model is read."""
     from jaxcore.es.algorithm import EggrollAlgorithm
     from jaxcore.rewards.file_tasks import dataset_task
-    from jaxcore.runtime.runner import run_training
+    from jaxcore.runtime.training import run_training
 
     args = ESConfig()
     args.train.out_dir = str(tmp_path / "out")

@@ -5,7 +5,7 @@ import json
 from jaxcore.demo.run import DemoConfig, run_demo
 from jaxcore.es.config import ESConfig
 from jaxcore.rewards import Scorer, get_task
-from jaxcore.runtime.runner import EVAL_SEED, evaluate
+from jaxcore.runtime.evaluation import EVAL_SEED, evaluate
 
 
 class RecordingScorer(Scorer):

@@ -102,7 +102,7 @@ class Captured(Exception):
 def test_both_trainers_and_their_evaluation_stop_at_the_generation_configs_eos(tiny_dir, tmp_path, monkeypatch,
                                                                               trainer):
     from jaxcore.config.yaml_config import load_config
-    from jaxcore.runtime import runner
+    from jaxcore.runtime import training
 
     path = checkpoint(tiny_dir, tmp_path, "model", {"eos_token_id": [EOS, 7]}, EOS)
     seen = {}
@@ -112,7 +112,7 @@ def test_both_trainers_and_their_evaluation_stop_at_the_generation_configs_eos(t
             seen.update(algorithm=algorithm.eos_token_ids, evaluation=eos_token_ids)
             raise Captured
 
-    monkeypatch.setattr(runner, "Runner", Spy)
+    monkeypatch.setattr(training, "Runner", Spy)
     if trainer == "es":
         from jaxcore.api import ESConfig, ESTrainer
 

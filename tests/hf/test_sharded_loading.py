@@ -244,7 +244,7 @@ def test_load_targets_follow_the_trainers_layout():
 def test_es_run_loads_masters_straight_into_their_shards(tiny_dir, tmp_path):
     from jaxcore.errors import UserError
     from jaxcore.es.algorithm import EggrollAlgorithm
-    from jaxcore.runtime.runner import run_training
+    from jaxcore.runtime.training import run_training
 
     cfg = ESConfig()
     cfg.model.path, cfg.train.out_dir, cfg.mesh.model = str(tiny_dir("llama")), str(tmp_path / "out"), 2

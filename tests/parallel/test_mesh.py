@@ -180,10 +180,10 @@ def recorded(monkeypatch):
     """The ES algorithms the trainer builds, and the weights every evaluation's (greedy) `sample` receives."""
     from jaxcore.api import ESTrainer
     from jaxcore.es.algorithm import EggrollAlgorithm
-    from jaxcore.runtime import runner
+    from jaxcore.runtime import evaluation
 
     seen = {"algorithms": [], "eval_weights": []}
-    real_sample = runner.sample
+    real_sample = evaluation.sample
 
     class Recorded(EggrollAlgorithm):
         def __init__(self, *args, **kwargs):
@@ -195,7 +195,7 @@ def recorded(monkeypatch):
         return real_sample(model, *args, **kwargs)
 
     monkeypatch.setattr(ESTrainer, "algorithm_type", staticmethod(lambda: Recorded))
-    monkeypatch.setattr(runner, "sample", sample)
+    monkeypatch.setattr(evaluation, "sample", sample)
     return seen
 
 

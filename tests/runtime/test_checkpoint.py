@@ -271,7 +271,7 @@ def test_a_locked_out_dir_is_refused_before_the_task_or_model_loads(tiny_dir, tm
     """The lock is the first thing a run takes: a second run on a busy out_dir stops at once, without
     building its task or loading its model."""
     from jaxcore.hf import model_checkpoint
-    from jaxcore.runtime import runner as train
+    from jaxcore.runtime import training as train
     def forbidden(*args, **kwargs):
         raise AssertionError("task built or model loaded before the out_dir lock was checked")
 
@@ -291,7 +291,7 @@ def test_a_fresh_run_over_checkpoints_is_refused_before_the_task_or_model_loads(
     """Without --resume, an out_dir that holds checkpoints is refused (one line, exit 2) before the task is
     built or the model loaded, and its checkpoints are left as they were."""
     from jaxcore.hf import model_checkpoint
-    from jaxcore.runtime import runner as train
+    from jaxcore.runtime import training as train
     def forbidden(*args, **kwargs):
         raise AssertionError("task built or model loaded before the out_dir's checkpoints were checked")
 

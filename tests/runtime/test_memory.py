@@ -393,7 +393,7 @@ def test_the_check_plans_for_the_longest_training_prompt(tiny_dir, tmp_path, cap
     that fits only with 128-token prompts is refused before any weight is read (before: it started)."""
     from jaxcore.config.yaml_config import load_config
     from jaxcore.grpo.config import GRPOConfig
-    from jaxcore.runtime.runner import make_task
+    from jaxcore.runtime.training import make_task
 
     no_loading(monkeypatch)
     data = tmp_path / "train.jsonl"
@@ -424,7 +424,7 @@ def test_the_check_plans_for_prompts_as_the_rollout_truncates_them(tiny_dir, tmp
     from jaxcore.config.yaml_config import load_config
     from jaxcore.errors import PromptLengthError
     from jaxcore.grpo.config import GRPOConfig
-    from jaxcore.runtime.runner import make_task
+    from jaxcore.runtime.training import make_task
 
     data = tmp_path / "train.jsonl"
     rows = [{"prompt": " ".join(["seven times eight"] * n), "answer": "56"} for n in (3, 600)]

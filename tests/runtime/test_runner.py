@@ -252,7 +252,7 @@ def hanging_reward(completions, examples):
 def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_dir, tmp_path, monkeypatch):
     from jaxcore.api import ESTrainer
     from jaxcore.rewards import get_task
-    from jaxcore.runtime import runner as train
+    from jaxcore.runtime import training as train
 
     base = get_task("addition", digit_match_weight=1.0)
     task = dataclasses.replace(base, reward_fns={**base.reward_fns, "crash": raising_reward, "hang": hanging_reward},
@@ -391,7 +391,8 @@ def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypat
     """train.eval_every=0 means "only at the end" (as in TRL): one held-out evaluation after the last epoch and
     none before training; otherwise before training, every eval_every epochs and after the last."""
     from jaxcore.runtime.metrics import read_metrics
-    from jaxcore.runtime.runner import Runner, make_task
+    from jaxcore.runtime.runner import Runner
+    from jaxcore.runtime.training import make_task
 
     cfg = ESConfig()
     t = cfg.train
@@ -410,7 +411,8 @@ def test_sigterm_checkpoints_without_the_due_evaluation(tmp_path, monkeypatch):
     """SIGTERM in an epoch whose end is due for evaluation: the checkpoint is written and the evaluation is
     skipped (the grace period is short); the summary names the checkpoint."""
     from jaxcore.runtime.metrics import read_metrics
-    from jaxcore.runtime.runner import Runner, make_task
+    from jaxcore.runtime.runner import Runner
+    from jaxcore.runtime.training import make_task
 
     cfg = ESConfig()
     t = cfg.train
@@ -454,7 +456,8 @@ def test_an_epoch_whose_scoring_a_stop_cut_short_is_dropped(tmp_path, checkpoint
     as done: a killed and resumed run then differed from an uninterrupted one.)"""
     from jaxcore.runtime.checkpoint import TrainCheckpointer
     from jaxcore.runtime.metrics import read_metrics
-    from jaxcore.runtime.runner import Runner, make_task
+    from jaxcore.runtime.runner import Runner
+    from jaxcore.runtime.training import make_task
 
     cfg = ESConfig()
     t = cfg.train
@@ -476,7 +479,8 @@ def test_an_epoch_whose_scoring_a_stop_cut_short_is_dropped(tmp_path, checkpoint
 def test_a_stop_before_the_first_epoch_leaves_no_checkpoint(tmp_path):
     """SIGTERM during the first epoch's scoring of a fresh run: nothing is applied or written, and the summary
     says there is no checkpoint (not an empty path to resume from)."""
-    from jaxcore.runtime.runner import Runner, make_task
+    from jaxcore.runtime.runner import Runner
+    from jaxcore.runtime.training import make_task
 
     cfg = ESConfig()
     t = cfg.train
@@ -489,7 +493,9 @@ def test_a_stop_before_the_first_epoch_leaves_no_checkpoint(tmp_path):
 
 
 def test_held_out_examples_do_not_depend_on_the_train_seed(tmp_path):
-    from jaxcore.runtime.runner import EVAL_SEED, Runner, make_task
+    from jaxcore.runtime.evaluation import EVAL_SEED
+    from jaxcore.runtime.runner import Runner
+    from jaxcore.runtime.training import make_task
 
     def held_out(seed):
         cfg = ESConfig()
@@ -508,7 +514,7 @@ def test_evaluation_scores_no_row_that_only_fills_the_batch_to_the_row_shards(ti
     from jaxcore.hf import model_checkpoint, tokenization
     from jaxcore.rewards import Example, Scorer
     from jaxcore.runtime.config import RolloutConfig
-    from jaxcore.runtime.runner import evaluate
+    from jaxcore.runtime.evaluation import evaluate
 
     model, tok_dir = model_checkpoint.load_any(str(tiny_dir("llama")), "float32")
     tokenizer = tokenization.load_tokenizer(tok_dir or str(tiny_dir("llama")))

@@ -1,0 +1,224 @@
+"""A training run from its config (`run_training`, shared by `jaxcore es`, `jaxcore grpo` and the Python API): the
+task, the checks of what the run will write, the out_dir lock, the model and tokenizer loaded once, the algorithm
+on the `Runner`, and the export of the result."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxcore.agents import build_agent
+from jaxcore.errors import OutputError, TaskConfigError, UserError
+from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is looked up at call time
+from jaxcore.hf.convert import save_hf
+from jaxcore.model.state import weight_moments
+from jaxcore.outputs import check_output, check_parent, remove_tree
+from jaxcore.parallel import sharding
+from jaxcore.parallel.meshes import maybe_initialize_distributed
+from jaxcore.rewards import TaskError, get_task
+from jaxcore.rewards.user_functions import task_with_rewards
+from jaxcore.runtime import compile_cache
+from jaxcore.runtime.algorithm import Algorithm
+from jaxcore.runtime.checkpoint import TrainCheckpointer
+from jaxcore.runtime.optim import check_learning_rate
+from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens, model_config_of
+from jaxcore.runtime.run_guard import OutDirLock
+from jaxcore.runtime.runner import Observer, Runner, fresh_run_over_checkpoints
+from jaxcore.runtime.signals import interrupts_export
+
+log = logging.getLogger(__name__)
+
+
+def make_task(section: Any, functions: Sequence[Any] = (), weights: Sequence[float] | None = None,
+              timeout_s: float | None = None, *, scored_by_environment: bool = False,
+              chat_template_kwargs: dict[str, Any] | None = None) -> Any:
+    """The configured task; a bad task name or option is a `TaskConfigError` (one line, exit 2).
+
+    `functions` (user functions, reward models, built-in names; see `rewards.functions`) replace the
+    task's rewards; their probe calls are limited to `timeout_s` (default: `rewards.timeout_s`'s default).
+    `scored_by_environment` (an environment defines `get_reward`, TRL's reward source that makes reward
+    functions optional): a file task with neither `functions` nor `task.options.reward` then has no reward
+    functions of its own (not the default exact_match) and needs no answer column. `chat_template_kwargs`
+    reach a reward model's chat template (TRL's).
+    """
+    options = dict(section.options)
+    environment_only = scored_by_environment and not functions and section.name == "file" and "reward" not in options
+    if (functions or environment_only) and section.name == "file":
+        options.setdefault("require_answer", False)
+    try:
+        task = get_task(section.name, **options)
+    except TypeError as err:
+        raise TaskConfigError(f"task {section.name!r}: {err}") from err
+    except ValueError as err:
+        if isinstance(err, (TaskConfigError, TaskError)):
+            raise
+        raise TaskConfigError(str(err)) from err
+    if environment_only:
+        return dataclasses.replace(task, reward_fns={}, reward_weights={})
+    if not functions:
+        return task
+    return task_with_rewards(task, functions, weights, *(() if timeout_s is None else (timeout_s,)),
+                             chat_template_kwargs=chat_template_kwargs)
+
+
+def refuse_fresh_run_over_checkpoints(out_dir: str | Path) -> None:
+    """Raise `fresh_run_over_checkpoints` when out_dir/checkpoints holds a checkpoint (run before loading)."""
+    directory = Path(out_dir).absolute() / "checkpoints"
+    if not directory.is_dir():
+        return
+    checkpointer = TrainCheckpointer(directory, async_save=False)
+    try:
+        step = checkpointer.latest_step()
+    finally:
+        checkpointer.close()
+    if step is not None:
+        raise fresh_run_over_checkpoints(directory)
+
+
+def run_training(cfg: Any, algorithm: type[Algorithm],
+                 resume: bool = False, allow_changes: bool = False, *, build_task: Callable[..., Any] | None = None,
+                 model: Any = None, tokenizer_dir: str | None = None, tools: Sequence[Any] = (),
+                 environment_factory: Any = None, observer: Observer | None = None,
+                 rollout_func: Any = None, owner: Any = None) -> dict[str, Any]:
+    """Take the out_dir lock, load cfg.model and its tokenizer, build `algorithm(model, tokenizer, cfg,
+    eos_token_ids=...)`, run the `Runner`, and export `algorithm.export_model()` to out_dir/final_hf on
+    process 0 (when `train.export_hf`).
+
+    The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
+    the task and loading a model; it is held through the export and released on every exit.
+    `build_task` (called under the lock with `scored_by_environment=`, see `make_task`; default: the config's
+    task) and an already loaded `model` (with `tokenizer_dir`), and `tools` / `environment_factory` (added to
+    `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`), or a
+    `rollout_func` (TRL's, called with `owner` as its trainer) come from the Python API
+    (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an
+    algorithm setting the algorithm rejects with ValueError) is a one-line `UserError`.
+    """
+    check_run_outputs(cfg, resume)                # before the lock creates out_dir: one line, nothing written
+    compile_cache.enable(cfg.train.compilation_cache)   # before anything compiles
+    d = cfg.distributed
+    if d.coordinator:                           # first: the lock's name depends on the process index
+        maybe_initialize_distributed(d.coordinator, d.num_processes, d.process_id)
+    lock_name = ".lock" if jax.process_index() == 0 else f".lock.process{jax.process_index()}"
+    with OutDirLock(cfg.train.out_dir, lock_name):
+        summary = _load_train_export(cfg, algorithm, resume, allow_changes, build_task=build_task, model=model,
+                                     tokenizer_dir=tokenizer_dir, tools=tools, environment_factory=environment_factory,
+                                     observer=observer, rollout_func=rollout_func, owner=owner)
+    compile_cache.log_stats()
+    return summary
+
+
+def check_run_outputs(cfg: Any, resume: bool) -> None:
+    """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
+    (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories, and
+    out_dir/checkpoints is not a file (found before training, not after it); a fresh run finds no earlier run's
+    checkpoints, metrics.jsonl or reward.png there (it would replace them: they are continued with --resume);
+    out_dir/final_hf (with `train.export_hf`) is not a link or a file,
+    is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
+    optimiser's learning rate is finite at every step (`check_learning_rate`)."""
+    out = Path(cfg.train.out_dir)
+    if out.is_symlink() and not out.is_dir():
+        raise OutputError(f"train.out_dir {out} is a symbolic link to nothing (or to a file)")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"train.out_dir {out} exists and is not a directory")
+    check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
+    for written, is_dir in (("metrics.jsonl", False), ("reward.png", False), ("checkpoints", True)):
+        path = out / written
+        if not is_dir and path.is_symlink():          # the log is appended through it: it would write elsewhere
+            raise OutputError(f"train.out_dir's {written} {path} is a symbolic link; a run writes a file at it "
+                              "(move it away, or choose another train.out_dir)")
+        if path.exists() and path.is_dir() != is_dir:
+            raise OutputError(f"train.out_dir's {written} {path} is {'not ' if is_dir else ''}a directory; a run "
+                              f"writes {'checkpoints in' if is_dir else 'a file at'} it (move it away, or choose "
+                              "another train.out_dir)")
+    if not resume:
+        refuse_fresh_run_over_checkpoints(out)            # the earlier run's checkpoints: the clearer refusal
+        for written in ("metrics.jsonl", "reward.png"):
+            path = out / written
+            if path.is_file() and path.stat().st_size > 0:
+                raise OutputError(f"train.out_dir {out} already holds {written}, which a fresh run would replace: "
+                                  "pass --resume to continue that run, or choose another train.out_dir")
+    if cfg.train.export_hf:
+        check_output(out / "final_hf", inputs=(cfg.model.path or None,), overwrite=resume, name="final_hf",
+                     overwrite_hint="continue that run with --resume")
+    check_learning_rate(cfg.optimizer, cfg.train.epochs)
+
+
+def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
+                       allow_changes: bool, *, build_task: Callable[..., Any] | None, model: Any,
+                       tokenizer_dir: str | None, tools: Sequence[Any] = (),
+                       environment_factory: Any = None, observer: Observer | None = None,
+                       rollout_func: Any = None, owner: Any = None) -> dict[str, Any]:
+    """`run_training`'s work under the out_dir lock."""
+    stale = Path(cfg.train.out_dir).glob(".final_hf.tmp-*") if jax.process_index() == 0 else ()   # the exporter's
+    for copy_left in stale:                 # an export stopped mid-write: this out_dir's, under its lock
+        log.info("removing %s, left by an export that was stopped", copy_left)
+        remove_tree(copy_left)
+    if (tools or environment_factory is not None or rollout_func is not None) and not cfg.rollout.multi_turn:
+        cfg = copy.copy(cfg)                # the caller's config stays as it was
+        cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
+    if not resume:
+        refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
+    agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory,
+                        rollout_func=rollout_func, owner=owner)
+    try:
+        return _train_export(cfg, algorithm_type, resume, allow_changes, agent, build_task=build_task, model=model,
+                             tokenizer_dir=tokenizer_dir, observer=observer)
+    finally:
+        if agent is not None:
+            agent.close()                       # the tools' worker processes
+
+
+def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow_changes: bool, agent: Any, *,
+                  build_task: Callable[..., Any] | None, model: Any, tokenizer_dir: str | None,
+                  observer: Observer | None = None) -> dict[str, Any]:
+    """`_load_train_export` once the run's `agent` (tools, environments; None for a single-turn run) is built: the
+    task (reward functions optional when an environment scores, as in TRL), the model, the training, the export."""
+    scored_by_environment = bool(agent is not None and agent.reward_names)
+    task = (build_task(scored_by_environment=scored_by_environment) if build_task is not None else
+            make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
+                      scored_by_environment=scored_by_environment,
+                      chat_template_kwargs=cfg.rollout.chat_template_kwargs))
+    if not task.reward_fns and not scored_by_environment:
+        raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
+                        "environment_factory whose environment defines get_reward()")
+    model_cfg = model.config if model is not None else model_config_of(cfg)     # config.json only, read once
+    reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, agent, tokenizer_dir,
+                                                                               model_cfg))
+    if reason:
+        raise UserError(reason)
+    if model is None:
+        if not cfg.model.path:
+            raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
+        model, tok_dir = model_checkpoint.load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
+                                                   **algorithm_type.load_targets(cfg))   # each weight into its shard
+    else:
+        tok_dir = tokenizer_dir or cfg.model.path or None
+    if tok_dir is None:
+        raise UserError(f"{cfg.model.path}: no tokenizer files")
+    tokenizer = tokenization.with_chat_template_kwargs(tokenization.load_tokenizer(tok_dir),
+                                                      cfg.rollout.chat_template_kwargs)
+    eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
+    base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
+    try:
+        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos, **({"agent": agent} if agent else {}))
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    del model                                   # the algorithm owns the weights from here on
+    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights,
+                     observer=observer).run(
+        resume=resume, allow_changes=allow_changes)
+    if cfg.train.export_hf and summary["stopped_by"] is None:
+        final_hf = Path(cfg.train.out_dir) / "final_hf"
+        with interrupts_export(f"the export to {final_hf}"):
+            final = sharding.gathered_model(algorithm.export_model())     # every process takes part in the gather
+            if jax.process_index() == 0:
+                summary["final_hf"] = str(save_hf(final, final_hf, tokenizer_dir=tok_dir,
+                                                  inputs=(cfg.model.path or None,)))
+                summary.update(algorithm.export_extra(cfg.train.out_dir, cfg.model.path))
+    return summary
