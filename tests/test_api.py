@@ -1,4 +1,4 @@
-"""The README's "Bring your own task" section works as written: its reward function on both completion
+"""docs/your-task.md ("Bring your own task") works as written: its reward function on both completion
 formats, its data + YAML + command (with a tiny model), and its Python snippet (with a tiny model and
 out_dir substituted, nothing else changed)."""
 
@@ -17,17 +17,20 @@ ROOT = Path(__file__).resolve().parents[1]
 REAL_MODEL = "models/smollm2-135m-instruct"
 
 
+GUIDE = ROOT / "docs" / "your-task.md"          # the "Bring your own task" guide
+
+
 def snippet(name: str) -> str:
-    """The fenced block under `<!-- byo snippet NAME ... -->` in the README."""
-    text = (ROOT / "README.md").read_text()
+    """The fenced block under `<!-- byo snippet NAME ... -->` in the guide."""
+    text = GUIDE.read_text()
     match = re.search(rf"<!-- byo snippet {re.escape(name)}[ :][^>]*-->\n```\w*\n(.*?)```", text, re.S)
-    assert match, f"README snippet {name!r} not found"
+    assert match, f"snippet {name!r} not found in {GUIDE}"
     return match.group(1)
 
 
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
-    """A user's directory: the README's my_rewards.py and data, as the current directory and on sys.path
+    """A user's directory: the guide's my_rewards.py and data, as the current directory and on sys.path
     (as for `python train.py` run there)."""
     (tmp_path / "my_rewards.py").write_text(snippet("my_rewards.py"))
     (tmp_path / "data").mkdir()
@@ -41,7 +44,7 @@ def workdir(tmp_path, monkeypatch):
 
 def test_readme_reward_function_handles_both_completion_formats():
     namespace: dict = {}
-    exec(compile(snippet("my_rewards.py"), "README.md", "exec"), namespace)
+    exec(compile(snippet("my_rewards.py"), "docs/your-task.md", "exec"), namespace)
     brevity = namespace["brevity"]
     prompts = ["What is the capital of France?"] * 3
     assert brevity(prompts, ["Paris.", "The capital of France is Paris.", "Lyon"], answer=["Paris"] * 3) == [
@@ -54,7 +57,7 @@ def test_readme_reward_function_handles_both_completion_formats():
 
 def test_readme_data_config_and_command_run(workdir, tiny_dir, capsys):
     """my.yaml as written (model path, out_dir and sizes overridden for a tiny model and the two data rows)."""
-    text = (ROOT / "README.md").read_text()
+    text = GUIDE.read_text()
     assert ".venv/bin/jaxcore es --config my.yaml" in text and "make smollm2" in text and "make install" in text
     (workdir / "my.yaml").write_text(snippet("my.yaml"))
     cfg = load_config(ESConfig, workdir / "my.yaml", [])
@@ -76,7 +79,7 @@ def test_readme_python_snippet_runs_as_written(workdir, tiny_dir):
     assert REAL_MODEL in code and "runs/my-es-python" in code
     code = code.replace(REAL_MODEL, str(tiny_dir("llama"))).replace("runs/my-es-python", str(workdir / "out"))
     namespace: dict = {"__name__": "__main__"}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/your-task.md", "exec"), namespace)
     summary = namespace["summary"]
     assert summary["eval_reward_before"] is not None and summary["eval_reward_after"] is not None
     assert Path(summary["final_hf"], "config.json").is_file()

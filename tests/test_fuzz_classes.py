@@ -56,7 +56,7 @@ RETURNED = st.one_of(
 
 
 def documented_rewards(returned: Any) -> np.ndarray | None:
-    """The README's rule: a list (tuple, 1-d array) of one value per sample, each None (skipped) or a real number
+    """docs/your-task.md's rule: a list (tuple, 1-d array) of one value per sample, each None (skipped) or a real number
     finite in float32 (the precision training computes in); anything else (a dict, a string, a
     scalar, a 0-d array, the wrong count, an infinity, a number too large) fails the whole call. Returns the
     values (NaN where None), or None where the call fails."""

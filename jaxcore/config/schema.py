@@ -8,7 +8,7 @@ is loaded. A value that does not fit is one line naming the key, the value and w
 `check(cfg)` walks a whole config (the Python API calls it before any work); a dataclass derived from
 `Checked` checks its fields whenever it is constructed (its own `__post_init__` keeps only the rules between
 fields); `value_of` converts and checks one YAML value (`yaml_config`); `flag_type`/`field_flag` turn a
-declaration into an argparse `type=` for a command-line flag; `ranges` lists them all (the README's list).
+declaration into an argparse `type=` for a command-line flag; `ranges` lists them all (the list in docs/es.md).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def _flag_parser(hint: Callable[[], Any], flag: str) -> Callable[[str], Any]:
 
 def ranges(cls: type, prefix: str = "") -> dict[str, str]:
     """{dotted key: what it allows} for every field of a (nested) config whose declaration narrows its type
-    (bounds, choices, a minimum length): the README's list of ranges is generated from this."""
+    (bounds, choices, a minimum length): docs/es.md's list of ranges is generated from this."""
     out: dict[str, str] = {}
     for name, hint in field_hints(cls).items():
         section = section_type(hint)
@@ -248,7 +248,7 @@ def _describe(hint: Any) -> str:
 
 
 def ranges_markdown(*configs: type) -> str:
-    """The README's list: one line per section, the union of `ranges` over `configs`."""
+    """docs/es.md's list: one line per section, the union of `ranges` over `configs`."""
     merged: dict[str, str] = {}
     for cls in configs:
         merged.update(ranges(cls))

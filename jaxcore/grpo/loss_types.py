@@ -1,6 +1,6 @@
 """GRPO's loss types by name (TRL 1.16's `loss_type`), one registry entry each: the per-token policy term, how the
 per-token loss reduces to a scalar, and whether the type clips PPO-style (and so logs the clip ratios). The
-config's `LossType`, the loss (`jaxcore.grpo.loss`) and the README's table all read `LOSS_KINDS`; a new type is one
+config's `LossType`, the loss (`jaxcore.grpo.loss`) and docs/grpo.md's table all read `LOSS_KINDS`; a new type is one
 entry here.
 
 Shapes: B completions, T completion-token positions; a term may be per row ([B, 1]).
@@ -131,7 +131,7 @@ class LossKind:
     term: Term
     reduce: Callable[[Array, Array, int | None, Array], Array]
     clipped: bool
-    summary: str                  # one line for the README's table
+    summary: str                  # one line for docs/grpo.md's table
 
     @property
     def over_the_step(self) -> bool:
@@ -164,6 +164,6 @@ def loss_kind(name: str) -> LossKind:
 
 
 def loss_types_markdown() -> str:
-    """The README's table of loss types, from `LOSS_KINDS`."""
+    """docs/grpo.md's table of loss types, from `LOSS_KINDS`."""
     rows = "".join(f"| `{name}` | {kind.summary} |\n" for name, kind in LOSS_KINDS.items())
     return "| `loss_type` | the loss |\n|---|---|\n" + rows

@@ -4,8 +4,8 @@
 (b) one SGD step with configs/countdown.yaml's settings moves each weight by Qiu et al.'s
     alpha / sqrt(N) (z-scored fitness);
 (c) an SGD ES run on a warm-started tiny model raises its held-out reward;
-the EGGROLL reference's update, written out by hand, equals our SGD step at the README's translated
-learning rate; and the README's EGGROLL snippet runs as written, with earlier arrays still valid after a step.
+the EGGROLL reference's update, written out by hand, equals our SGD step at docs/es.md's translated
+learning rate; and its EGGROLL snippet runs as written, with earlier arrays still valid after a step.
 """
 
 import math
@@ -135,7 +135,7 @@ def reference_sgd_step(plan: eggroll.NoisePlan, params: dict[str, np.ndarray], e
 
 
 def test_reference_lr_translates_as_lr_ref_times_sigma_times_sqrt_n(tiny_dir):
-    """The README's translation: learning_rate = lr_ref * sigma * sqrt(N) reproduces the reference's SGD step."""
+    """docs/es.md's translation: learning_rate = lr_ref * sigma * sqrt(N) reproduces the reference's SGD step."""
     model = jaxcore.load_hf(tiny_dir("llama"))
     n, rank, sigma, lr_ref, epoch = 16, 4, 0.2, 1.0, 3     # large steps: float32 rounding of W stays << 1e-6
     plan = eggroll.make_plan(model, eggroll.EggrollConfig(population=n, rank=rank, sigma=sigma, seed=11,
@@ -154,7 +154,7 @@ def test_reference_lr_translates_as_lr_ref_times_sigma_times_sqrt_n(tiny_dir):
         assert np.linalg.norm(ref_step) > 1e-3 * np.linalg.norm(before[path])
         rel = np.linalg.norm(our_step - ref_step) / np.linalg.norm(ref_step)
         assert rel <= 1e-6, (path, rel)
-    assert "`learning_rate = lr_ref * sigma * sqrt(N)`" in " ".join((ROOT / "README.md").read_text().split())
+    assert "`learning_rate = lr_ref * sigma * sqrt(N)`" in " ".join((ROOT / "docs" / "es.md").read_text().split())
 
 
 def test_sgd_es_run_raises_reward_on_warm_model(tmp_path):
@@ -187,16 +187,16 @@ def test_sgd_es_run_raises_reward_on_warm_model(tmp_path):
 
 
 def readme_snippet() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "es.md").read_text()
     match = re.search(r"<!-- README snippet[^>]*-->\n```python\n(.*?)```", text, re.S)
-    assert match, "README snippet marker not found"
+    assert match, "snippet marker not found in docs/es.md"
     return match.group(1)
 
 
 def test_readme_es_snippet_runs_as_written_and_keeps_old_arrays_valid(tiny_dir):
     code = readme_snippet().replace("path/to/hf_dir", str(tiny_dir("llama")))
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/es.md", "exec"), namespace)
     model, plan, pop = namespace["model"], namespace["plan"], namespace["pop"]
     assert not namespace["info"]["skipped"]
     held = eggroll.perturbed_params(model, plan)          # arrays a user keeps across a step

@@ -232,7 +232,7 @@ def test_new_option_validation():
 
 def test_a_loss_type_is_one_registry_entry(monkeypatch):
     """A type added to `LOSS_KINDS` (here from the test) is taken by the loss as is: its term, its reduction, and
-    the clip metrics only when it clips; the README's table is the registry's."""
+    the clip metrics only when it clips; docs/grpo.md's table is the registry's."""
     from pathlib import Path
 
     from jaxcore.grpo import loss_types
@@ -249,7 +249,7 @@ def test_a_loss_type_is_one_registry_entry(monkeypatch):
     loss, metrics = grpo_loss(logp_BT, None, None, jnp.array([1.0, -0.5]), mask_BT, cfg)
     assert float(loss) == pytest.approx(-(2.0 * 2 * 1.0 + 2.0 * 3 * -0.5) / 2)     # rows' sums, then their mean
     assert "doubled" in metrics and not any(k.startswith("clip_ratio") for k in metrics)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "grpo.md").read_text()
     monkeypatch.delitem(loss_types.LOSS_KINDS, "doubled")
     assert loss_types.loss_types_markdown() in readme
     with pytest.raises(ValueError, match="unknown loss_type 'nope'"):

@@ -49,7 +49,7 @@ def test_grpo(gemma3, tmp_path, capsys, lora):
 
 
 def test_python_api_es_and_grpo(gemma3, tmp_path):
-    """`jaxcore.ESTrainer` and `jaxcore.GRPOTrainer` on the tiny Gemma 3, as the README's snippet uses them."""
+    """`jaxcore.ESTrainer` and `jaxcore.GRPOTrainer` on the tiny Gemma 3, as docs/your-task.md's snippet uses them."""
     import jaxcore
     from jaxcore.es.config import ESConfig
     from jaxcore.grpo.config import GRPOConfig
