@@ -81,8 +81,8 @@ def naive_perturbed(base: dict[str, Any], key: Any, sigma: float) -> dict[str, A
     """Naive full-rank ES's member weights: W + sigma * E for every weight, E drawn for that weight alone.
 
     One small program per distinct weight shape, reused at every layer, so compile time does not grow with
-    depth: a single program drawing every weight (or one draw per weight in one program) took XLA 134 s to
-    compile on an H200 at 30 layers, longer than the whole measurement.
+    depth: a single program drawing every weight (or one draw per weight in one program) takes XLA longer to
+    compile at real depths than the whole measurement (docs/benchmarks.md).
     """
     import jax.numpy as jnp
 

@@ -193,8 +193,8 @@ def member_noise(plan: NoisePlan, epoch: Array, out_sharding: Any = None, dtype:
 
     `dtype` is the compute dtype the factors are stored in (bf16 halves their memory on GPU). Two programs:
     the draw, scaled and cast per group of layers, then the cut into layers. In one program XLA fused the
-    normal's inverse-erf polynomial into every layer's slice, one copy per output (420 at 135M: 8.5 s of
-    XLA:CPU compilation, against about 3 s now).
+    normal's inverse-erf polynomial into every layer's slice, one copy per output, and compiled several times
+    longer.
     """
     return _layer_noise(_group_noise(plan, epoch, dtype, out_sharding), _target_groups(plan), out_sharding)
 
@@ -317,8 +317,8 @@ def estimate_gradient(plan: NoisePlan, epoch: Array, fitness_N: Array,
     `out_sharding` ((path, sharding) pairs, e.g. the sharded masters'): each device computes only
     its slice of g (the factors are regenerated from the keys on every device; they are small).
     Where no master is split, two programs, the draw (on every device of the masters' mesh) and the
-    products: in one program XLA fused the normal's inverse-erf polynomial into every layer's product
-    (11.7 s to the first result at 135M, population 256, against 6.6 s, and slower to run). Split masters
+    products: in one program XLA fused the normal's inverse-erf polynomial into every layer's product (slower to
+    compile and to run). Split masters
     keep the one program, in which XLA draws on each device only the slice its part of g needs.
     """
     epoch = jnp.asarray(epoch, jnp.int32)

@@ -132,10 +132,10 @@ def decode(model: nnx.Module, cache: KVCache, logits_BV: Array, next_position_B:
     """The jitted decode loop: up to `max_new_tokens` tokens per row sampled from `logits_BV` on, each written to
     the (donated) cache at slot `start_index + step` with position `next_position_B + step`; stops when every
     row has emitted an EOS. Returns the tokens and the cache (`jaxcore.agents` keeps it across turns). Without
-    `with_logprobs` the logprobs stay 0 (a log-sum-exp over the vocabulary per step saved: 2.5 ms of a ~110 ms
-    step over SmolLM2's 49,152 logits at 60 rows on two CPU cores). With `sampling.repetition_penalty` != 1,
-    `seen_BV` holds the tokens each row has seen (`sampling.seen_tokens`), and every sampled one joins them; the
-    logprobs stay the model's own (before the penalty: the policy's, as a training forward computes them)."""
+    `with_logprobs` the logprobs stay 0 (a log-sum-exp over the vocabulary per step saved). With
+    `sampling.repetition_penalty` != 1, `seen_BV` holds the tokens each row has seen (`sampling.seen_tokens`), and
+    every sampled one joins them; the logprobs stay the model's own (before the penalty: the policy's, as a
+    training forward computes them)."""
     rows = logits_BV.shape[0]
     eos_E = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
     penalized = sampling.repetition_penalty != 1.0

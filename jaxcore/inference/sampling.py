@@ -92,9 +92,9 @@ def _max_keeping_nan(x_BCK: Array) -> Array:
 def first_argmax(x_BV: Array) -> Array:
     """`jnp.argmax(x_BV, axis=-1)` (the first maximum; the first NaN where there is one) in two cheap passes.
 
-    XLA:CPU compiles argmax to one (value, index) reduction that does not vectorise: 4.3 ms per decode step
-    over SmolLM2's 49,152 logits at 60 rows, a twentieth of the step. The maximum of each chunk of 256, the
-    first chunk holding the maximum, then the first maximum inside that chunk: 0.7-0.9 ms.
+    XLA:CPU compiles argmax to one (value, index) reduction that does not vectorise, a visible share of a decode
+    step over a large vocabulary. Here: the maximum of each chunk of 256, the first chunk holding the maximum,
+    then the first maximum inside that chunk, each pass vectorised.
     """
     chunked_BCK = in_chunks(x_BV, -jnp.inf)
     chunk_B = jnp.argmax(_max_keeping_nan(chunked_BCK), axis=-1)
@@ -125,9 +125,9 @@ def inverse_cdf_draw(scores_BV: Array, uniform_B: Array) -> Array:
     number in [0, 1), found in two cheap passes (which chunk of `ARGMAX_CHUNK` tokens, then where inside it).
 
     `sample_next` draws one uniform number per row. The Gumbel-max draw (`jax.random.categorical`) makes one per
-    row and token: over SmolLM2's 49,152 logits 4.2 ms per decode step at 16 rows and 16 ms at 64 on two CPU
-    cores, against 0.5 and 1.6 ms here. Tokens the filters removed (-inf) have probability 0 and are never drawn;
-    where scores reach +inf (a temperature near 0), the draw is among those tokens.
+    row and token, several times the cost of this draw over a large vocabulary on a CPU. Tokens the filters
+    removed (-inf) have probability 0 and are never drawn; where scores reach +inf (a temperature near 0), the
+    draw is among those tokens.
     """
     finite_BV = jnp.minimum(scores_BV, jnp.finfo(jnp.float32).max)      # +inf (a temperature near 0): the largest
     weights_BCK = in_chunks(jnp.exp(finite_BV - jnp.max(finite_BV, axis=-1, keepdims=True)), 0.0)
