@@ -10,12 +10,13 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Gt, MultipleOf
 
 from jaxcore.config.schema import Checked
+from jaxcore.es.shaping import SHAPERS
 from jaxcore.parallel.config import DistributedConfig, MeshConfig
 from jaxcore.rewards.config import RewardsConfig, TaskConfig
 from jaxcore.runtime.config import ModelSource, RolloutConfig, TrainConfig
 from jaxcore.runtime.optim import OptimizerConfig
 
-Shaping = Literal["zscore", "group_zscore", "centered_rank", "none"]
+Shaping = Literal[tuple(SHAPERS)]              # one entry per mode in jaxcore.es.shaping
 MasterDtype = Literal["float32", "bfloat16"]
 SHAPINGS = typing.get_args(Shaping)
 MASTER_DTYPES = typing.get_args(MasterDtype)

@@ -33,15 +33,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxcore.es.config import EggrollConfig  # noqa: F401  (re-exported: `eggroll.EggrollConfig`)
 from jaxcore.es.population import MemberNoise, perturbed_model
+from jaxcore.es.shaping import shape_fitness
 from jaxcore.model.state import flat_state, variable_at, write_params
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.sharding import factor_specs
 from jaxcore.runtime.optim import all_finite
-from jaxcore.runtime.reward_scale import power_of_two_scale
 
 Array = jax.Array
 log = logging.getLogger(__name__)
-SHAPING_MODES = ("zscore", "group_zscore", "centered_rank", "none")
 _LAYER = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -222,44 +221,6 @@ def _place_factors(model: Transformer, noise: MemberNoise, rows: NamedSharding) 
             low_rank[path] = (jax.device_put(a_PIR, NamedSharding(rows.mesh, a_spec)),
                               jax.device_put(b_POR, NamedSharding(rows.mesh, b_spec)))
     return MemberNoise(low_rank, noise.dense)
-
-
-# ----------------------------------------------------------------------------- fitness shaping
-
-
-def centered_ranks(x_N: Array) -> Array:
-    """Ranks mapped linearly to [-0.5, 0.5]; tied values share their average rank."""
-    n = x_N.shape[0]
-    below = (x_N[None, :] < x_N[:, None]).sum(1)
-    equal = (x_N[None, :] == x_N[:, None]).sum(1)
-    rank = below + (equal - 1) / 2.0
-    return rank / max(n - 1, 1) - 0.5
-
-
-def shape_fitness(fitness_N: Any, mode: str = "zscore", group_size: int | None = None) -> Array:
-    """Fitness shaping.
-
-    zscore: (f - mean) / sqrt(var + 1e-5); group_zscore: subtract each group's mean (groups of
-    `group_size` consecutive entries), divide by the global std; centered_rank: ranks in
-    [-0.5, 0.5]; none: unchanged.
-    """
-    f = jnp.asarray(fitness_N, jnp.float32)
-    if mode in ("zscore", "group_zscore"):          # z-scores of f / 2**k: the same numbers, finite for f ~ 1e20
-        scale = power_of_two_scale(f)
-        f, eps = f / scale, 1e-5 / (scale * scale)
-    if mode == "zscore":
-        return (f - f.mean()) / jnp.sqrt(f.var() + eps)
-    if mode == "group_zscore":
-        if not group_size or f.shape[0] % group_size:
-            raise ValueError(f"group_zscore needs a group_size dividing {f.shape[0]}, got {group_size}")
-        grouped = f.reshape(-1, group_size)
-        centred = (grouped - grouped.mean(1, keepdims=True)).reshape(-1)
-        return centred / jnp.sqrt(f.var() + eps)
-    if mode == "centered_rank":
-        return centered_ranks(f)
-    if mode == "none":
-        return f
-    raise ValueError(f"unknown fitness shaping {mode!r}; choose from {', '.join(SHAPING_MODES)}")
 
 
 # ----------------------------------------------------------------------------- the update

@@ -324,3 +324,15 @@ def test_the_sgd_update_passes_over_the_weights_five_and_a_half_times(llama):
     kept, _, applied = eggroll.apply_update(zeros, broken.init(zeros), grads, broken)
     assert not bool(applied)
     assert all(bool(jnp.signbit(value).all()) for value in kept.values())
+
+
+def test_a_fitness_shaping_is_one_registry_entry(monkeypatch):
+    """A mode added to `SHAPERS` is taken by `shape_fitness` (and so by the update) as is; an unknown one names the
+    registry's."""
+    from jaxcore.es import shaping
+
+    monkeypatch.setitem(shaping.SHAPERS, "doubled", lambda f_N, group_size: 2.0 * f_N)
+    np.testing.assert_allclose(eggroll.shape_fitness([1.0, -2.0], "doubled"), [2.0, -4.0])
+    monkeypatch.delitem(shaping.SHAPERS, "doubled")
+    with pytest.raises(ValueError, match="choose from zscore, group_zscore, centered_rank, none"):
+        eggroll.shape_fitness([1.0], "doubled")

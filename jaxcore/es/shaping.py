@@ -1,0 +1,70 @@
+"""ES fitness shaping by name (`es.shaping`), one registry entry per mode: the config's `Shaping`, the update
+(`jaxcore.es.eggroll.es_step`) and the error for an unknown name all read `SHAPERS`.
+
+Shapes: N fitness values (members, or members x prompts for the grouped mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcore.runtime.reward_scale import power_of_two_scale
+
+Array = jax.Array
+
+
+def centered_ranks(x_N: Array) -> Array:
+    """Ranks mapped linearly to [-0.5, 0.5]; tied values share their average rank."""
+    n = x_N.shape[0]
+    below = (x_N[None, :] < x_N[:, None]).sum(1)
+    equal = (x_N[None, :] == x_N[:, None]).sum(1)
+    rank = below + (equal - 1) / 2.0
+    return rank / max(n - 1, 1) - 0.5
+
+
+def _scaled(f_N: Array) -> tuple[Array, float | Array]:
+    """f / 2**k and the variance floor 1e-5 in the same units: the same z-scores, finite for f ~ 1e20."""
+    scale = power_of_two_scale(f_N)
+    return f_N / scale, 1e-5 / (scale * scale)
+
+
+def zscore(f_N: Array, group_size: int | None) -> Array:
+    """(f - mean) / sqrt(var + 1e-5)."""
+    f_N, eps = _scaled(f_N)
+    return (f_N - f_N.mean()) / jnp.sqrt(f_N.var() + eps)
+
+
+def group_zscore(f_N: Array, group_size: int | None) -> Array:
+    """Each group of `group_size` consecutive entries minus its mean, over the global std."""
+    if not group_size or f_N.shape[0] % group_size:
+        raise ValueError(f"group_zscore needs a group_size dividing {f_N.shape[0]}, got {group_size}")
+    f_N, eps = _scaled(f_N)
+    grouped = f_N.reshape(-1, group_size)
+    centred = (grouped - grouped.mean(1, keepdims=True)).reshape(-1)
+    return centred / jnp.sqrt(f_N.var() + eps)
+
+
+def centered_rank(f_N: Array, group_size: int | None) -> Array:
+    """Ranks in [-0.5, 0.5]."""
+    return centered_ranks(f_N)
+
+
+def unshaped(f_N: Array, group_size: int | None) -> Array:
+    """f unchanged."""
+    return f_N
+
+
+SHAPERS: dict[str, Callable[[Array, int | None], Array]] = {
+    "zscore": zscore, "group_zscore": group_zscore, "centered_rank": centered_rank, "none": unshaped,
+}
+
+
+def shape_fitness(fitness_N: Any, mode: str = "zscore", group_size: int | None = None) -> Array:
+    """`fitness_N` shaped by `mode` (a name of `SHAPERS`; `group_size` for group_zscore)."""
+    if mode not in SHAPERS:
+        raise ValueError(f"unknown fitness shaping {mode!r}; choose from {', '.join(SHAPERS)}")
+    return SHAPERS[mode](jnp.asarray(fitness_N, jnp.float32), group_size)
