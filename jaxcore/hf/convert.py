@@ -14,6 +14,8 @@ a multi-host run reads only its own shards.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import shutil
@@ -73,10 +75,22 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
 
 def read_json_config(config_path: str | os.PathLike) -> dict[str, Any]:
     """A config.json file (UTF-8 JSON, an object whose keys have the types jaxcore reads), or CheckpointError
-    naming the file and the problem."""
+    naming the file and the problem. Read and checked once per process while the file stays unchanged (a run's
+    memory plan, mesh check and loading all ask for it); each call gets its own copy."""
+    path = Path(config_path)
+    try:
+        stat = path.stat()
+        stamp: tuple[Any, ...] = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    except OSError:
+        stamp = ()                                  # missing or unreadable: read_json_object names the problem
+    return copy.deepcopy(_read_json_config(str(config_path), str(path.absolute()), stamp))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_json_config(config_path: str, _absolute: str, _stamp: tuple[Any, ...]) -> dict[str, Any]:
     hf = read_json_object(config_path, "config.json")
     try:
-        return check_hf_config(hf, str(config_path))
+        return check_hf_config(hf, config_path)
     except ConfigError as err:
         raise CheckpointError(str(err)) from err
 

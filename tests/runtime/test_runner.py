@@ -551,3 +551,30 @@ def test_an_es_run_logs_every_members_completions_with_their_rewards(tiny_dir, t
         assert {"prompt", "completion"} <= set(table.columns) and "advantage" not in table.columns
         names = [c for c in table.columns if c not in ("step", "prompt", "completion")]
         assert names and all(np.isclose(table[n].mean(), record[f"rewards/{n}/mean"]) for n in names)
+
+
+def test_a_run_reads_its_models_config_json_once(tiny_dir, tmp_path, capsys, monkeypatch):
+    """The memory plan, the mesh check and the loader all need model.path's config.json: one read and check per
+    process while the file is unchanged (before: three); a changed file is read again."""
+    from jaxcore.hf import convert
+
+    reads: list[str] = []
+    real = convert.read_json_object
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(convert, "read_json_object", counted)
+    model = tmp_path / "model"
+    import shutil
+
+    shutil.copytree(tiny_dir("llama"), model)
+    code, err = run_cli(capsys, "es", *es_args(model, tmp_path / "out", "train.epochs=1", "train.eval_every=-1",
+                                               "train.export_hf=false"))
+    assert code == 0, err
+    assert [r for r in reads if r.endswith("config.json")] == [str(model / "config.json")]
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}, indent=1))
+    assert convert.read_json_config(model / "config.json")["rms_norm_eps"] == 1e-5
+    assert len([r for r in reads if r.endswith("config.json")]) == 2
