@@ -34,7 +34,6 @@ class RolloutFunction:
     as TRL's `trainer`. Completions longer than `max_episode_tokens` are cut there (counted, warned)."""
 
     environments = None
-    max_iterations = None
 
     def __init__(self, fn: Callable[[list[Any], Any], dict[str, Any]], owner: Any, *, max_episode_tokens: int):
         if not callable(fn):
@@ -59,7 +58,7 @@ class RolloutFunction:
     def episodes(self, model: Any, tokenizer: Any, examples: Sequence[Example], *, pad_token_id: int,
                  eos_token_ids: Sequence[int], row_sharding: Any = None) -> Any:
         """Call the function on every row's prompt (a copy, as TRL passes) and lay its ids out as `Episodes`."""
-        from jaxcore.agents.engine import Episodes
+        from jaxcore.agents.engine import Episodes, _left_pad
 
         if jax.process_count() > 1:
             raise TaskError("rollout_func runs in one process only: jaxcore calls it once for every row of the "
@@ -73,9 +72,9 @@ class RolloutFunction:
         if hit_limit_B.any():
             log.warning("%d of %d rollout_func completions are longer than max_completion_length=%d: cut there",
                         int(hit_limit_B.sum()), b, budget)
-        longest = max(len(p) for p in prompts) + budget
-        if longest > model.config.max_position_embeddings:
-            raise TaskError(f"rollout_func: a prompt of {max(len(p) for p in prompts)} tokens and "
+        width = max(len(p) for p in prompts)
+        if width + budget > model.config.max_position_embeddings:
+            raise TaskError(f"rollout_func: a prompt of {width} tokens and "
                             f"{budget} completion tokens pass the model's {model.config.max_position_embeddings} "
                             "positions")
         env_mask = rows.get("env_mask")
@@ -90,11 +89,7 @@ class RolloutFunction:
         place = functools.partial(place_rows, row_sharding=row_sharding)
         result = GenerationResult(place(tokens_BE), place(np.zeros((b, budget), np.float32)), place(lengths_B),
                                   place(finished_B))
-        width = max(len(p) for p in prompts)
-        prompt_ids = np.full((b, width), pad_token_id, np.int32)
-        prompt_mask = np.zeros((b, width), np.int32)
-        for r, ids in enumerate(prompts):
-            prompt_ids[r, width - len(ids):], prompt_mask[r, width - len(ids):] = ids, 1
+        prompt_ids, prompt_mask = _left_pad(prompts, width, pad_token_id)
         zeros = np.zeros(b, np.int64)
         columns = [{k: v[r] for k, v in rows["columns"].items()} for r in range(b)]
         return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, {}, {}, zeros, zeros, np.ones(b, np.int64),

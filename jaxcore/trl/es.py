@@ -23,12 +23,12 @@ TRAINING_ARGUMENTS = list(TRL_DEFAULTS)[:list(TRL_DEFAULTS).index("model_init_kw
 GENERATION = ("num_generations", "num_generations_eval", "max_completion_length", "temperature", "top_p", "top_k",
               "min_p", "generation_kwargs", "chat_template_kwargs", "repetition_penalty", "max_tool_calling_iterations",
               "reward_weights", "log_completions", "num_completions_to_print")
+EGGROLL_SETTINGS = ("rank", "sigma", "noise_reuse", "shaping", "non_matrix", "include_embeddings", "include_lm_head",
+                    "master_dtype")      # es.* settings taken by their own names
 ES_OWN = {                    # ES's own argument -> (its default, where it goes)
     "population_size": (_JOB.es.population, "es.population (members, an even number)"),
     "prompts_per_step": (_JOB.rollout.prompts_per_epoch, "rollout.prompts_per_epoch (every member answers each)"),
-    **{name: (getattr(_JOB.es, name), f"es.{name}") for name in (
-        "rank", "sigma", "noise_reuse", "shaping", "non_matrix", "include_embeddings", "include_lm_head",
-        "master_dtype")},
+    **{name: (getattr(_JOB.es, name), f"es.{name}") for name in EGGROLL_SETTINGS},
     "momentum": (_JOB.optimizer.momentum, "optimizer.momentum (optim='sgd')"),
 }
 ES_DEFAULTS: dict[str, Any] = {
@@ -67,7 +67,7 @@ ES_IGNORED: dict[str, str] = {
                                   "activation_checkpointing": _NO_GRADIENTS}.get(name, _NOT_ES))
     for name in ES_DEFAULTS if name not in ES_HANDLED and name not in ES_REFUSED}
 ES_NAME_OF_KEY = {**NAME_OF_KEY, "es.population": "population_size", "rollout.prompts_per_epoch": "prompts_per_step",
-                  **{f"es.{name}": name for name in ES_OWN if f"es.{name}" in ES_OWN[name][1]}}
+                  **{f"es.{name}": name for name in EGGROLL_SETTINGS}}
 
 
 class ESConfig(FlatArguments):
@@ -100,8 +100,7 @@ class ESConfig(FlatArguments):
         job.optimizer.momentum = self.momentum
         self._map_train(job, total, 1, per_epoch, devices)
         job.es.population = self.population_size
-        for name in ("rank", "sigma", "noise_reuse", "shaping", "non_matrix", "include_embeddings",
-                     "include_lm_head", "master_dtype"):
+        for name in EGGROLL_SETTINGS:
             setattr(job.es, name, getattr(self, name))
         return self._validated(job)
 

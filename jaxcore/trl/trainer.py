@@ -17,6 +17,7 @@ from jaxcore.runtime.metrics import read_metrics
 from jaxcore.trl.callbacks import instances as callback_instances
 from jaxcore.trl.callbacks import observer as callback_observer
 from jaxcore.trl.config import GRPOConfig
+from jaxcore.trl.flat_arguments import strategy
 
 PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
 PEFT_DEFAULTS_KEPT = {"bias": "none", "use_rslora": False, "use_dora": False, "modules_to_save": None,
@@ -64,7 +65,7 @@ class Trainer:
         self.callbacks = callback_instances(callbacks or ())
         if train_dataset is None:
             raise ValueError(f"train_dataset is required (jaxcore.trl's {type(self).__name__} trains on a dataset)")
-        if eval_dataset is None and str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no":
+        if eval_dataset is None and strategy(args.eval_strategy) != "no":
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         self.args, self.model_path = args, model_path
         self.tokenizer_dir = (None if processing_class is None
