@@ -117,6 +117,9 @@ def checked_output(output: Any, rows: int, vocab_size: int) -> dict[str, Any]:
         if key != "env_mask" and any(not 0 <= t < vocab_size for row in lists for t in row):
             raise TaskError(f"rollout_func's {key}: a token id outside the model's vocabulary of {vocab_size}")
         checked[key] = lists
+    mask = checked.get("env_mask")
+    if mask is not None and any(len(m) != len(c) or set(m) - {0, 1} for m, c in zip(mask, checked["completion_ids"])):
+        raise TaskError("rollout_func's env_mask: each row must be a 0/1 list as long as its completion_ids row")
     if not all(checked["prompt_ids"]):
         raise TaskError("rollout_func's prompt_ids: a row has an empty prompt")
     extra = {k: v for k, v in output.items() if k not in (*REQUIRED_KEYS, *IGNORED_KEYS, "env_mask")}

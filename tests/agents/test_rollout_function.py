@@ -46,6 +46,9 @@ def test_the_functions_ids_become_episodes_with_its_mask_and_columns():
     ({"prompt_ids": [[1]], "completion_ids": [[99]], "logprobs": []}, "outside the model's vocabulary of 50"),
     ({"prompt_ids": [[]], "completion_ids": [[2]], "logprobs": []}, "a row has an empty prompt"),
     ([1, 2], "rollout_func must return a dict, got list"),
+    ({"prompt_ids": [[1]], "completion_ids": [[2, 3, 4]], "logprobs": [], "env_mask": [[1]]},   # was broadcast
+     "env_mask: each row must be a 0/1 list as long as its completion_ids row"),
+    ({"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [], "env_mask": [[2]]}, "env_mask: each row"),
 ])
 def test_a_wrong_output_is_one_line(output, message):
     with pytest.raises(TaskError) as err:
