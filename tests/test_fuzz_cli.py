@@ -423,7 +423,7 @@ def write_checkpoints(tiny_dir):
     task = make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights)
 
     def write(out: Path) -> Path:
-        runner = Runner(load_config(ESConfig, None, es_overrides(model_dir, out)), algorithm, tokenizer, task)
+        runner = Runner(load_config(ESConfig, None, es_overrides(model_dir, out)), algorithm, task)
         for epoch in (0, 1):
             runner._save(epoch, wait=True)
         runner.checkpointer.close()

@@ -52,17 +52,16 @@ from jaxcore.inference.generate import (
     in_compute_dtype,
     place_rows,
     prefill,
+    prompt_bucket,
 )
-from jaxcore.inference.sampling import SamplingConfig, seen_tokens
+from jaxcore.inference.sampling import seen_tokens
 from jaxcore.model.transformer import KVCache
 from jaxcore.parallel.rows import allgather_sum, gather_rows, owned_rows
 from jaxcore.rewards.types import Example
 from jaxcore.rewards.workers import one_line
 
 log = logging.getLogger(__name__)
-CHUNK_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)
-# sequence widths: finer than generate's powers of two, since tool descriptions make every prompt long
-SEQUENCE_BUCKETS = (16, 32, 64, *range(128, 1024, 64), *range(1024, 8193, 256))
+CHUNK_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)     # tool-result chunks appended to the cache
 
 
 # ----------------------------------------------------------------------------------------------- episodes
@@ -193,13 +192,11 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     if budget >= limit.max_positions:
         raise PromptLengthError(f"rollout.max_episode_tokens {budget} leaves no room for a prompt in the model's "
                                 f"{limit.max_positions} positions")
-    ids_BT, mask_BT = _left_pad(encoded, bucket_length(max(len(x) for x in encoded), SEQUENCE_BUCKETS), pad_token_id)
+    ids_BT, mask_BT = _left_pad(encoded, prompt_bucket(max(len(x) for x in encoded)), pad_token_id)
     ids_BT, mask_BT, truncated = limit_prompts(ids_BT, mask_BT, limit, budget)
     prompts = [row[m.astype(bool)].tolist() for row, m in zip(ids_BT, mask_BT)]
 
-    sampling = (SamplingConfig(0.0) if key is None else
-                SamplingConfig(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p,
-                               rollout.repetition_penalty))
+    sampling = rollout.sampling(greedy=key is None)
     key = key if key is not None else jax.random.key(0)
     eos = tuple(int(e) for e in eos_token_ids)
     place = functools.partial(place_rows, row_sharding=row_sharding)     # host arrays where the rows live
@@ -221,7 +218,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     def prefill_all(extra_slots: int) -> tuple[jax.Array, KVCache, int]:
         """One prefill of every row's whole sequence so far; returns logits, a cache with `extra_slots` free
         slots after it, and the first free slot."""
-        width = bucket_length(max(len(p) + len(c) for p, c in zip(prompts, completion)), SEQUENCE_BUCKETS)
+        width = prompt_bucket(max(len(p) + len(c) for p, c in zip(prompts, completion)))
         ids, mask = _left_pad([p + c for p, c in zip(prompts, completion)], width, pad_token_id)
         logits, cache = prefill(model, place(ids), place(mask), cache_length=width + extra_slots)
         return logits, cache, width

@@ -54,7 +54,9 @@ def task_prompt_tokens(cfg: Any) -> int | None:
     """The longest of the config's training prompts in tokens, as the run's check measures it (`plan_check.
     measured_prompt_tokens`: chat template, system prompt, tools); None without a tokenizer at model.path."""
     from jaxcore.agents import build_agent
+    from jaxcore.hf.tokenization import tokenizer_if_present
     from jaxcore.runtime.plan_check import measured_prompt_tokens
+    from jaxcore.runtime.rollout import Rollout
     from jaxcore.runtime.training import make_task
 
     agent = build_agent(cfg.rollout, cfg.rewards)
@@ -62,7 +64,9 @@ def task_prompt_tokens(cfg: Any) -> int | None:
         task = make_task(cfg.task, cfg.rewards.functions, cfg.rewards.weights, cfg.rewards.timeout_s,
                          scored_by_environment=bool(agent is not None and agent.reward_names),
                          chat_template_kwargs=cfg.rollout.chat_template_kwargs)
-        return measured_prompt_tokens(cfg, task, agent)
+        tokenizer = tokenizer_if_present(cfg.model.path or None, cfg.rollout.chat_template_kwargs)
+        return None if tokenizer is None else measured_prompt_tokens(cfg, task, Rollout(cfg.rollout, tokenizer,
+                                                                                          agent=agent))
     finally:
         if agent is not None:
             agent.close()

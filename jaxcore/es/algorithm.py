@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxcore.agents import run_episodes
 from jaxcore.es import eggroll
 from jaxcore.es.config import ESConfig
 from jaxcore.es.memory import plan_job
@@ -33,7 +32,7 @@ from jaxcore.runtime.memory import MemoryPlan, largest_population
 from jaxcore.runtime.optim import make_optimizer
 from jaxcore.runtime.plan_check import hf_config_at
 from jaxcore.runtime.programs import PhaseClock
-from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
+from jaxcore.runtime.rollout import Rollout, function_means
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +130,11 @@ class EggrollAlgorithm(Algorithm):
         return None
 
     def __init__(self, model: Any, tokenizer: Any, cfg: ESConfig, *, eos_token_ids: tuple[int, ...] = (),
-                 agent: Any = None):
+                 rollout: Rollout | None = None):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.eos_token_ids = eos_token_ids
-        self.agent = agent              # tools / environments (`jaxcore.agents`): multi-turn episodes
+        # the run's rollout (with tools / environments: episodes); default: single-turn from the config
+        self.rollout = rollout or Rollout(cfg.rollout, tokenizer, eos_token_ids=eos_token_ids, seed=cfg.train.seed)
         es = cfg.es
         self.plan = eggroll.make_plan(model, dataclasses.replace(es, seed=cfg.train.seed if es.seed is None
                                                                  else es.seed))
@@ -170,51 +170,27 @@ class EggrollAlgorithm(Algorithm):
 
     # -- one epoch -------------------------------------------------------------------------------
 
-    def rollout_rows(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray, list[Example]]:
-        """Prompt ids/mask for every row (member-major, prompt-major inside) and each row's example."""
-        ids, mask, self.prompts_truncated = encode_rollout_prompts(self.tokenizer, examples, self.cfg.rollout,
-                                                                   self.model.config)
-        g, n = self.cfg.rollout.generations_per_prompt, self.cfg.es.population
-        member_ids, member_mask = np.repeat(ids, g, axis=0), np.repeat(mask, g, axis=0)
-        row_examples = [e for e in examples for _ in range(g)] * n
-        return np.tile(member_ids, (n, 1)), np.tile(member_mask, (n, 1)), row_examples
-
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
         es = self.cfg.es
         n, p, g = es.population, len(examples), self.cfg.rollout.generations_per_prompt
         clock, began = PhaseClock(), time.perf_counter()
-        episode_metrics: dict[str, Any] = {}
-        with clock.phase("rollout"):
-            key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
+        with clock.phase("rollout"):     # rows member-major: every member rolls out every prompt g times
             population = eggroll.population(compute_model(self.model, self.mesh), self.plan, epoch,
                                             out_sharding=self.rows)
-            if self.agent is None:
-                ids, mask, row_examples = self.rollout_rows(examples)
-                result = jax.block_until_ready(sample(
-                    population, ids, mask, self.cfg.rollout, key=key, eos_token_ids=self.eos_token_ids,
-                    pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows, logprobs=False))
-            else:   # every row (member-major) an episode with its own environment instance: members share none
-                row_examples = [e for e in examples for _ in range(g)] * n
-                episodes = run_episodes(self.agent, population, self.tokenizer, row_examples, self.cfg.rollout,
-                                        key=key, eos_token_ids=self.eos_token_ids,
-                                        pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows)
-                result, self.prompts_truncated = episodes.result, episodes.prompts_truncated
-                episode_metrics = episodes.metrics()
+            out = self.rollout.run(population, examples, key=self.rollout.epoch_key(epoch), generations=g,
+                                   members=n, row_sharding=self.rows, logprobs=False)
         with clock.phase("scoring"):
-            if self.agent is None:
-                scores = score_rows(result, row_examples, self.tokenizer, scorer)
-            else:
-                scores = score_rows(result, row_examples, self.tokenizer, scorer, **episodes.scoring())
+            scores = self.rollout.score(out, scorer)
             rewards = scores.rewards_B.reshape(n, p, g)
             fitness_N = member_fitness(rewards, es.shaping)
         metrics: dict[str, Any] = {
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_max": float(rewards.max()),
             "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(scores.lengths_B)),
             "num_tokens": int(scores.lengths_B.sum()),
-            "prompts/truncated": self.prompts_truncated,
+            "prompts/truncated": out.prompts_truncated,
             **{f"rewards/{k}/mean": v for k, v in function_means(scores.per_function).items()},
             **{f"rewards/{k}/failures": v for k, v in scores.failures.items()},
-            **episode_metrics,
+            **out.metrics,
         }
         if not np.isfinite(fitness_N).all():
             return StepResult({**metrics, **clock.metrics()}, skipped=True, reason="non-finite fitness")
@@ -225,7 +201,7 @@ class EggrollAlgorithm(Algorithm):
         metrics.update(clock.metrics(), grad_norm=update["grad_norm"], step_time=time.perf_counter() - began)
         completions = None
         if self.cfg.train.log_completions:          # every member's rows (member-major); ES has no advantage per row
-            completions = CompletionLog.of_rollout(self.tokenizer, result, row_examples, scores.per_function, None,
-                                                   None if self.agent is None else episodes.messages)
+            completions = CompletionLog.of_rollout(self.tokenizer, out.result, out.row_examples, scores.per_function,
+                                                   None, out.messages)
         return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "",
                           completions=completions)

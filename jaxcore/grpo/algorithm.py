@@ -19,10 +19,8 @@ import math
 import time
 from typing import Any
 
-import jax
 import numpy as np
 
-from jaxcore.agents import Episodes, run_episodes
 from jaxcore.grpo.advantages import compute_advantages, normalized_sum_advantages, reward_metrics
 from jaxcore.grpo.buckets import completion_buckets, completion_width, likely_first, prompt_width
 from jaxcore.grpo.config import GRPOConfig
@@ -30,14 +28,14 @@ from jaxcore.grpo.learner import GRPOLearner, finite
 from jaxcore.grpo.memory import plan_job
 from jaxcore.grpo.step import GRPOBatch, TrainState, build_batch, rollout_metrics
 from jaxcore.hf.model_checkpoint import load_any
-from jaxcore.inference.generate import GenerationResult, bucket_length, pad_left
+from jaxcore.inference.generate import GenerationResult
 from jaxcore.parallel import meshes, rows, sharding
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.runtime.algorithm import Algorithm, StepResult
 from jaxcore.runtime.completions import CompletionLog
 from jaxcore.runtime.memory import MemoryPlan, largest_multiple
 from jaxcore.runtime.programs import AheadOfTime, PhaseClock, spare_host_cores
-from jaxcore.runtime.rollout import RowScores, encode_rollout_prompts, sample, score_rows
+from jaxcore.runtime.rollout import Rollout, RowScores
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +108,11 @@ class GRPOAlgorithm(Algorithm):
         return None
 
     def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = (),
-                 agent: Any = None):
+                 rollout: Rollout | None = None):
         cfg.validate()
         self.tokenizer, self.cfg, self.eos_token_ids = tokenizer, cfg, eos_token_ids
-        self.agent = agent              # tools / environments (`jaxcore.agents`): multi-turn episodes
+        # the run's rollout (with tools / environments: episodes); default: single-turn from the config
+        self.rollout = rollout or Rollout(cfg.rollout, tokenizer, eos_token_ids=eos_token_ids, seed=cfg.train.seed)
         self.model_config = model.config
         self.mesh = meshes.grpo_mesh(cfg.grpo.fsdp)
         reason = self.layout_refusal(cfg, self.mesh.size)
@@ -170,56 +169,16 @@ class GRPOAlgorithm(Algorithm):
 
     # -- one epoch -------------------------------------------------------------------------------
 
-    def encode(self, examples: list[Example]) -> tuple[np.ndarray, np.ndarray]:
-        """Left-padded prompt ids/mask of an epoch's prompts (`bucketed`); sets `prompts_truncated`."""
-        ids, mask, self.prompts_truncated = self.bucketed(examples)
-        return ids, mask
-
-    def bucketed(self, examples: list[Example], warn: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
-        """Left-padded prompt ids/mask, widened to a length bucket (one compiled train step per bucket), and how
-        many prompts were truncated (logged with `warn`)."""
-        r = self.cfg.rollout
-        ids, mask, truncated = encode_rollout_prompts(self.tokenizer, examples, r, self.model_config, warn=warn)
-        room = self.model_config.max_position_embeddings - r.max_new_tokens
-        length = max(ids.shape[1], min(bucket_length(ids.shape[1]), room))
-        return (*pad_left(ids, mask, length, self.tokenizer.pad_token_id), truncated)
-
     def prepare(self, upcoming: list[list[Example]]) -> None:
         """Queue the train-step programs of the coming epochs' prompt widths (`plan_programs`), made beside the
-        current work. A multi-turn rollout's widths are known only once it ran (its programs are queued then)."""
-        if self.agent is not None:
+        current work. Prompts that episodes render turn by turn have no width before they run: their programs
+        are queued once a rollout met them (`train_step`)."""
+        if not self.rollout.prompts_known_ahead:
             return
         for examples in upcoming:           # a too-long prompt is warned about when its epoch runs
-            ids, mask, _ = self.bucketed(examples, warn=False)
+            ids, mask, _ = self.rollout.encode(examples, self.model_config, warn=False)
             self.plan_programs(len(examples) * self.cfg.rollout.generations_per_prompt,
                                min(prompt_width(mask), ids.shape[1]), self.cfg.rollout.max_new_tokens)
-
-    def rollout(self, epoch: int, ids: np.ndarray, mask: np.ndarray) -> GenerationResult:
-        """G sampled completions per prompt (prompt-major rows, sharded over the batch axes)."""
-        r = self.cfg.rollout
-        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
-        return sample(self.learner.model, ids, mask, r, key=key, eos_token_ids=self.eos_token_ids,
-                      pad_token_id=self.tokenizer.pad_token_id, row_sharding=self.rows,
-                      num_return_sequences=r.generations_per_prompt,
-                      logprobs=self.cfg.old_logp_source == "rollout")     # else the learner recomputes them
-
-    def episodes(self, epoch: int, row_examples: list[Example]) -> Episodes:
-        """A multi-turn rollout (`jaxcore.agents`): one episode per row (G per prompt), each with its own
-        environment instance."""
-        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), epoch)
-        episodes = run_episodes(self.agent, self.learner.model, self.tokenizer, row_examples, self.cfg.rollout,
-                                key=key, eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
-                                row_sharding=self.rows)
-        self.prompts_truncated = episodes.prompts_truncated
-        return episodes
-
-    def score(self, result: GenerationResult, row_examples: list[Example], scorer: Scorer,
-              episodes: Episodes | None = None) -> RowScores:
-        """Each process scores the rows it holds; every row's scores (with a multi-turn rollout's environment
-        rewards), rewards combined by `advantage_rewards`."""
-        return score_rows(result, row_examples, self.tokenizer, scorer,
-                          combined=lambda scores: advantage_rewards(scores, scorer.fallback),
-                          **({} if episodes is None else episodes.scoring()))
 
     def advantages(self, scores: RowScores, scorer: Scorer, group_size: int, scale: str
                    ) -> tuple[np.ndarray, dict[str, float]]:
@@ -236,10 +195,11 @@ class GRPOAlgorithm(Algorithm):
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray,
                    tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:
         """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`. `ids`/`mask`
-        are per prompt, or (with a multi-turn rollout's `tool_mask_BC`, 0 on tool tokens) per row already. The
+        are per row, or per prompt (repeated per row); `tool_mask_BC` (an episode's, 0 on tool tokens) masks the
+        loss. The
         step sees no padded work beyond the buckets: prompts cut to `prompt_width`, completions to
         `completion_width` (the rollout's own prompt bucket is generate's)."""
-        g = self.cfg.rollout.generations_per_prompt if tool_mask_BC is None else 1
+        g = len(advantages_B) // ids.shape[0]          # prompts given once per prompt are repeated per row
         keep = min(prompt_width(mask), ids.shape[1])     # left padding: the columns dropped are padding only
         ids, mask = ids[:, ids.shape[1] - keep:], mask[:, mask.shape[1] - keep:]
         tokens, lengths = rows.gather_rows(result.tokens), rows.gather_rows(result.lengths)
@@ -273,27 +233,22 @@ class GRPOAlgorithm(Algorithm):
         clock = PhaseClock()
         began = time.perf_counter()
         g, scale = self.cfg.rollout.generations_per_prompt, self.cfg.grpo.scale_rewards
-        row_examples = [e for e in examples for _ in range(g)]
-        episodes = None
-        with clock.phase("rollout"):
-            if self.agent is None:
-                ids, mask = self.encode(examples)
-                self.plan_programs(len(row_examples), min(prompt_width(mask), ids.shape[1]),
-                                   self.cfg.rollout.max_new_tokens)
-                result = jax.block_until_ready(self.rollout(epoch, ids, mask))   # the timing names generation's cost
-            else:
-                episodes = self.episodes(epoch, row_examples)
-                ids, mask, result = episodes.prompt_ids_BT, episodes.prompt_mask_BT, episodes.result
+        with clock.phase("rollout"):     # the programs of its prompt width are made beside it (`on_prompts`)
+            out = self.rollout.run(self.learner.model, examples, key=self.rollout.epoch_key(epoch), generations=g,
+                                   row_sharding=self.rows,
+                                   logprobs=self.cfg.old_logp_source == "rollout",   # else the learner's forward
+                                   on_prompts=lambda ids, mask: self.plan_programs(
+                                       len(examples) * g, min(prompt_width(mask), ids.shape[1]),
+                                       self.cfg.rollout.max_new_tokens))
         with clock.phase("scoring"):
-            scores = self.score(result, row_examples, scorer, episodes)
+            scores = self.rollout.score(out, scorer, combined=lambda s: advantage_rewards(s, scorer.fallback))
             rewards_B = scores.rewards_B
             advantages_B, zero_std = self.advantages(scores, scorer, g, scale)
-            batch = self.make_batch(ids, mask, result, advantages_B,
-                                    None if episodes is None else episodes.model_mask_BE)
+            batch = self.make_batch(out.prompt_ids_BT, out.prompt_mask_BT, out.result, advantages_B,
+                                    out.model_mask_BC)
         key = (batch.input_ids_BT.shape[0], batch.completion_start + 1,
                batch.input_ids_BT.shape[1] - batch.completion_start - 1)
-        if episodes is not None:         # a multi-turn rollout's widths are known only now: its other buckets beside
-            self.plan_programs(*key[:2], result.tokens.shape[1])        # the steps to come
+        self.plan_programs(*key[:2], out.result.tokens.shape[1])    # those its widths first tell (episodes')
         self.last_width = key[2]
         with clock.phase("update"):
             clock.wait(self.ahead, key)                   # the program being made beside the rollout, if it is
@@ -306,15 +261,15 @@ class GRPOAlgorithm(Algorithm):
             **reward_metrics(scores.per_function, rewards_B, g, scale), **zero_std, **rollout,
             **mean_step_metrics(steps),
             **{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
-            "num_tokens": self.num_tokens, "prompts/truncated": self.prompts_truncated,
+            "num_tokens": self.num_tokens, "prompts/truncated": out.prompts_truncated,
             **clock.metrics(), "step_time": ended - began,      # rollout, scoring, update and compile add up to it
-            **(episodes.metrics() if episodes is not None else {})}
+            **out.metrics}
         if not finite(steps[-1]):
             applied = f"; the {len(steps) - 1} before it were applied" if len(steps) > 1 else ""
             return StepResult(metrics, skipped=True, reason=f"non-finite loss, grad norm or update in optimiser step "
                                                             f"{len(steps)} of this rollout{applied}")
         completions = None
         if self.cfg.train.log_completions:
-            completions = CompletionLog.of_rollout(self.tokenizer, result, row_examples, scores.per_function,
-                                                   advantages_B, None if episodes is None else episodes.messages)
+            completions = CompletionLog.of_rollout(self.tokenizer, out.result, out.row_examples, scores.per_function,
+                                                   advantages_B, out.messages)
         return StepResult(metrics, completions=completions)

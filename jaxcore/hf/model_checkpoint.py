@@ -156,6 +156,17 @@ def tokenizer_dir(path: str | os.PathLike) -> Path | None:
     return tok if tok.is_dir() and any(tok.iterdir()) else None
 
 
+def tokenizer_dir_of(path: str | os.PathLike) -> Path | None:
+    """Where `load_any` finds the tokenizer of `path`: a jaxcore checkpoint's `tokenizer_dir`, an HF directory
+    itself; None for neither (or no path)."""
+    if not path:
+        return None
+    path = Path(path)
+    if (path / "jaxcore.json").is_file():
+        return tokenizer_dir(path)
+    return path if (path / "config.json").is_file() else None
+
+
 def load_any(path: str | os.PathLike, dtype: str | Any = "float32", *, remat: bool = False,
              param_dtype: str | Any = "float32", shardings: Shardings = None) -> tuple[Transformer, Path | None]:
     """Load an HF directory or a jaxcore checkpoint; returns (model, tokenizer directory or None).
@@ -163,8 +174,8 @@ def load_any(path: str | os.PathLike, dtype: str | Any = "float32", *, remat: bo
     path = Path(path)
     options = {"remat": remat, "param_dtype": param_dtype, "shardings": shardings}
     if (path / "jaxcore.json").is_file():
-        return load_model(path, dtype, **options), tokenizer_dir(path)
+        return load_model(path, dtype, **options), tokenizer_dir_of(path)
     if (path / "config.json").is_file():
-        return load_hf(path, dtype, **options), path
+        return load_hf(path, dtype, **options), tokenizer_dir_of(path)
     raise CheckpointError(f"{path}: neither an HF model directory (config.json) nor a jaxcore checkpoint "
                           "(jaxcore.json)")

@@ -144,6 +144,15 @@ def _load_tokenizer(path: str, _absolute: str, _stamp: tuple[Any, ...]) -> Any:
     return tokenizer
 
 
+def tokenizer_if_present(path: str | os.PathLike | None, chat_template_kwargs: dict[str, Any] | None = None
+                         ) -> Any | None:
+    """`load_tokenizer(path)` rendering with `chat_template_kwargs` (`with_chat_template_kwargs`); None where
+    `path` has no tokenizer files."""
+    if path is None or not any((Path(path) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return with_chat_template_kwargs(load_tokenizer(path), chat_template_kwargs)
+
+
 def with_chat_template_kwargs(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> Any:
     """`tokenizer`, or (with `chat_template_kwargs`) a copy whose every `apply_chat_template` call renders with
     those extra template variables (TRL's `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`): prompts,

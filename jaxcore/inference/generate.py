@@ -59,6 +59,14 @@ def bucket_length(length: int, buckets: Sequence[int] = PROMPT_BUCKETS) -> int:
     return -(-length // top) * top
 
 
+def prompt_bucket(length: int, room: int | None = None) -> int:
+    """The columns a batch of prompts of `length` columns is padded to: its bucket (`bucket_length`), or `room`
+    (the positions a model leaves a prompt) where the bucket would pass it, never fewer than `length`. The one
+    prompt-bucket policy: single-turn rollouts, episodes and `generate` pad by it."""
+    bucket = bucket_length(length)
+    return bucket if room is None else max(length, min(bucket, room))
+
+
 def pad_left(ids_BT: np.ndarray, mask_BT: np.ndarray, length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Left-pad a batch to `length` columns."""
     extra = length - ids_BT.shape[1]
@@ -182,18 +190,24 @@ def decode(model: nnx.Module, cache: KVCache, logits_BV: Array, next_position_B:
 
 
 def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, max_new_tokens: int,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-             repetition_penalty: float = 1.0, eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1,
+             sampling: SamplingConfig | None = None, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+             eos_token_ids: Sequence[int] = (), num_return_sequences: int = 1,
              key: Array | None = None, pad_token_id: int = 0, row_sharding: jax.sharding.Sharding | None = None,
              logprobs: bool = True) -> GenerationResult:
     """Sample `max_new_tokens` per row after left-padded prompts.
 
-    `temperature=0` is greedy. Filters apply in transformers' order (repetition penalty, temperature, top-k,
-    top-p, min-p). With `num_return_sequences=n` every prompt is sampled n times, rows prompt-major.
-    `row_sharding` optionally places the rows on a mesh (e.g. sharded over a data axis).
+    The sampling settings come as one `SamplingConfig` (`sampling`), or as transformers' keyword arguments
+    (`temperature`, `top_k`, ...; not both). `temperature=0` is greedy. Filters apply in transformers' order
+    (repetition penalty, temperature, top-k, top-p, min-p). With `num_return_sequences=n` every prompt is sampled
+    n times, rows prompt-major. `row_sharding` optionally places the rows on a mesh (e.g. sharded over a data
+    axis).
     `logprobs=False` leaves `result.logprobs` at 0 and skips computing them (as HF's `output_scores=False`).
     """
-    sampling = SamplingConfig(temperature, top_k, top_p, min_p, repetition_penalty)
+    keywords = SamplingConfig(temperature, top_k, top_p, min_p, repetition_penalty)
+    if sampling is not None and keywords != SamplingConfig():
+        raise ValueError("give the sampling settings as sampling= or as keyword arguments, not both")
+    sampling = sampling if sampling is not None else keywords
     ids_BT, mask_BT = np.asarray(input_ids_BT, np.int32), np.asarray(attention_mask_BT, np.int32)
     if ids_BT.ndim != 2 or ids_BT.shape != mask_BT.shape:
         raise ValueError(f"input_ids {ids_BT.shape} and attention_mask {mask_BT.shape} must both be [B, T]")
@@ -207,9 +221,9 @@ def generate(model: nnx.Module, input_ids_BT: Any, attention_mask_BT: Any, *, ma
         raise ValueError("prompts must be left-padded (attention_mask[:, -1] must be 1)")
     config = model.config
     seen_BV = None
-    if repetition_penalty != 1.0:                   # each row's tokens, as transformers' input_ids hold them
+    if sampling.repetition_penalty != 1.0:          # each row's tokens, as transformers' input_ids hold them
         seen_BV = seen_tokens([row[m.astype(bool)] for row, m in zip(ids_BT, mask_BT)], config.vocab_size)
-    length = bucket_length(ids_BT.shape[1])
+    length = prompt_bucket(ids_BT.shape[1])
     longest = int(mask_BT.sum(-1).max())        # positions come from the mask: the bucket's padding takes none
     if longest + max_new_tokens > config.max_position_embeddings and config.learned_positions:
         raise ValueError(f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "

@@ -24,10 +24,12 @@ class StepResult:
 
 
 class Algorithm(abc.ABC):
-    """A training algorithm on the shared runtime; built as `cls(model, tokenizer, cfg, eos_token_ids=...)`."""
+    """A training algorithm on the shared runtime; built as
+    `cls(model, tokenizer, cfg, eos_token_ids=..., rollout=...)`."""
 
     name: ClassVar[str]            # "es" | "grpo": stored in checkpoints, so a resume never crosses algorithms
     eval_sharding: Any = None      # the row sharding held-out evaluation runs with (None: default placement)
+    rollout: Any = None            # the run's `runtime.rollout.Rollout`: training and evaluation roll out with it
 
     # -- asked of the class, before the model is loaded -------------------------------------------------
 

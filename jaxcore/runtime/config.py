@@ -80,6 +80,13 @@ class RolloutConfig(SamplingConfig, PromptLimitConfig):
         (the room `jaxcore.agents`' cache keeps for the rows that wait while others call tools)."""
         return self.completion_tokens + (self.max_new_tokens if self.multi_turn else 0)
 
+    def sampling(self, greedy: bool = False) -> SamplingConfig:
+        """The sampling settings as the one object `generate` and the episodes take; `greedy`: temperature 0
+        with no filters (held-out evaluation)."""
+        if greedy:
+            return SamplingConfig(temperature=0.0)
+        return SamplingConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingConfig)})
+
     def with_agent(self) -> RolloutConfig:
         """A copy that is `multi_turn` although its tools / environment come from the Python API."""
         out = copy.copy(self)

@@ -8,35 +8,30 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxcore.agents import run_episodes
 from jaxcore.hf import tokenization
 from jaxcore.inference.generate import row_shards
 from jaxcore.parallel.rows import gather_rows
 from jaxcore.rewards import Example, Scorer
-from jaxcore.runtime.config import RolloutConfig
-from jaxcore.runtime.rollout import encode_rollout_prompts, function_means, sample, score_rows
+from jaxcore.runtime.rollout import Rollout, function_means
 
 EVAL_SEED = 0          # the held-out examples are drawn with this seed, whatever train.seed is
 
 
-def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer, rollout: RolloutConfig, *,
-             batch_size: int, eos_token_ids: tuple[int, ...] = (), row_sharding: Any = None,
-             agent: Any = None, samples_per_prompt: int = 0) -> dict[str, Any]:
+def evaluate(model: Any, examples: list[Example], scorer: Scorer, rollout: Rollout, *, batch_size: int,
+             row_sharding: Any = None, samples_per_prompt: int = 0) -> dict[str, Any]:
     """Completions for held-out examples, scored: mean reward, per-function means, samples. One greedy completion
     per example, or with `samples_per_prompt` k > 0 k completions sampled with the rollout's settings (TRL's
     `num_generations_eval`) from a fixed key, so that every evaluation of a run draws alike.
 
-    The rollout's pieces (`jaxcore.runtime.rollout`): prompts encoded under the rollout's limits, `sample`d,
-    `score_rows` (each process scores the rows it owns); `batch_size` rows per batch. With `row_sharding` (e.g.
-    rows over a mesh axis, or replicated over a multi-process mesh) the batch lives on that mesh. With an `agent`
-    (tools, environments) every row is a multi-turn episode (`jaxcore.agents`), its environment's reward and
-    turn/tool statistics logged too.
+    The run's `Rollout` makes and scores the rows (each process scores the rows it owns; with tools or
+    environments every row is an episode, its environment's reward and turn/tool statistics logged too);
+    `batch_size` rows per batch. With `row_sharding` (e.g. rows over a mesh axis, or replicated over a
+    multi-process mesh) the batch lives on that mesh.
     """
     if samples_per_prompt:
         examples = [e for e in examples for _ in range(samples_per_prompt)]
     rewards: list[np.ndarray] = []
-    extra_names = agent.reward_names if agent is not None else []
-    per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *extra_names]}
+    per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *rollout.reward_names]}
     episode_metrics: list[dict[str, float]] = []
     samples: list[dict[str, str]] = []
     for start in range(0, len(examples), batch_size):
@@ -44,24 +39,16 @@ def evaluate(model: Any, tokenizer: Any, examples: list[Example], scorer: Scorer
         count = len(chunk)
         rows = chunk + chunk[-1:] * (-count % row_shards(row_sharding))   # a multiple of the row shards
         key = jax.random.fold_in(jax.random.key(EVAL_SEED), start) if samples_per_prompt else None
-        if agent is None:
-            ids, mask, _ = encode_rollout_prompts(tokenizer, rows, rollout, model.config)
-            result = sample(model, ids, mask, rollout, key=key, eos_token_ids=eos_token_ids,
-                            pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding, logprobs=False)
-            scores = score_rows(result, rows, tokenizer, scorer, padding_from=count)
-        else:
-            episodes = run_episodes(agent, model, tokenizer, rows, rollout, key=key, eos_token_ids=eos_token_ids,
-                                    pad_token_id=tokenizer.pad_token_id, row_sharding=row_sharding)
-            result = episodes.result
-            scores = score_rows(result, rows, tokenizer, scorer, **episodes.scoring(), padding_from=count)
-            episode_metrics.append(episodes.metrics())
+        out = rollout.run(model, rows, key=key, row_sharding=row_sharding, logprobs=False)
+        scores = rollout.score(out, scorer, padding_from=count)
+        episode_metrics.append(out.metrics)
         rewards.append(scores.rewards_B[:count])
         for name, values in scores.per_function.items():
             per_function[name].append(values[:count])
         if len(samples) < 3:
             shown = min(3 - len(samples), count)
-            texts = tokenization.decode_completions(tokenizer, gather_rows(result.tokens)[:shown],
-                                                    gather_rows(result.lengths)[:shown])
+            texts = tokenization.decode_completions(rollout.tokenizer, gather_rows(out.result.tokens)[:shown],
+                                                    gather_rows(out.result.lengths)[:shown])
             samples.extend({"prompt": e.prompt, "completion": t} for e, t in zip(chunk, texts))
     rewards_B = np.concatenate(rewards).astype(np.float32) if rewards else np.zeros(0, np.float32)
     means = function_means({name: np.concatenate(v) if v else np.zeros(0) for name, v in per_function.items()})

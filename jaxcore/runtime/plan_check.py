@@ -17,6 +17,7 @@ from jaxcore.hf.model_checkpoint import read_meta
 from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.memory import DEFAULT_PROMPT_TOKENS, refusal
+from jaxcore.runtime.rollout import Rollout
 
 PROMPT_SAMPLE = 64            # training prompts measured for the length to plan for
 
@@ -45,42 +46,27 @@ def prompt_tokens_of(job_cfg: Any, prompt_tokens: int | None = None) -> int:
     return prompt_tokens or job_cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
 
 
-def measured_prompt_tokens(job_cfg: Any, task: Any, agent: Any = None, tokenizer_dir: str | None = None,
+def measured_prompt_tokens(job_cfg: Any, task: Any, rollout: Rollout | None = None,
                            model_cfg: ModelConfig | None = None) -> int | None:
-    """The longest of the first `PROMPT_SAMPLE` training prompts in tokens, rendered as the rollout renders them
-    (chat template and rollout.system_prompt; with an `agent`, the tools' description: one environment instance
-    per environment name, never reset, so a reset's text is not counted), as the rollout keeps it: at most
-    rollout.max_prompt_length and the positions the model (`model_cfg`, else model.path's config) leaves a prompt,
-    or the rollout's one-line refusal where truncation is off. None without tokenizer files (`tokenizer_dir`, else
-    model.path) or examples."""
-    from jaxcore.hf.tokenization import (
-        PromptLimit,
-        encode_prompts,
-        limit_prompts,
-        load_tokenizer,
-        with_chat_template_kwargs,
-    )
+    """The longest of the first `PROMPT_SAMPLE` training prompts in tokens, rendered as the run's `rollout` renders
+    them (`Rollout.prompt_lengths`; default: a single-turn rollout with model.path's tokenizer), as the rollout
+    keeps it: at most rollout.max_prompt_length and the positions the model (`model_cfg`, else model.path's
+    config) leaves a prompt, or the rollout's one-line refusal where truncation is off. None without tokenizer
+    files or examples."""
+    from jaxcore.hf.tokenization import PromptLimit, limit_prompts, tokenizer_if_present
 
     r = job_cfg.rollout
-    source = tokenizer_dir or job_cfg.model.path
-    if not source or not any((Path(source) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        return None
+    if rollout is None:
+        tokenizer = tokenizer_if_present(job_cfg.model.path or None, r.chat_template_kwargs)
+        if tokenizer is None:
+            return None
+        rollout = Rollout(r, tokenizer)
     count = task.num_examples("train")
     examples = task.examples("train", PROMPT_SAMPLE if count is None else min(PROMPT_SAMPLE, count),
                              job_cfg.train.seed)
     if not examples:
         return None
-    tokenizer = with_chat_template_kwargs(load_tokenizer(source), r.chat_template_kwargs)
-    if agent is None:
-        lengths = encode_prompts(tokenizer, [e.prompt for e in examples], chat_template=r.chat_template,
-                                 system=r.system_prompt)[1].sum(1)
-    else:
-        envs = agent.environments
-        named = {} if envs is None else {envs.name_of(e): e for e in reversed(examples)}     # one row per name
-        instance = dict(zip(named, envs.instances(list(named.values())))) if envs is not None else {}
-        texts = [agent.prompt_text(tokenizer, e, None, instance.get(envs.name_of(e)) if envs is not None else None,
-                                   r.system_prompt) for e in examples]
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    lengths = rollout.prompt_lengths(examples)
     longest = int(max(lengths))
     model_cfg = model_cfg or model_config_of(job_cfg)
     if model_cfg is None:

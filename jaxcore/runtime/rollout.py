@@ -1,6 +1,7 @@
-"""One rollout, shared by every algorithm: encode the epoch's prompts under the rollout's limits, sample
-completions with its settings, and score them, each process scoring only the rows it holds and the
-values of every row summed over processes."""
+"""The one rollout path (`Rollout`), shared by both algorithms, evaluation and the memory planner: encode the
+prompts under the rollout's limits and sample completions with its settings, or run every row as a multi-turn
+episode (`jaxcore.agents`); then score the rows, each process scoring only the rows it holds and the values of
+every row summed over processes."""
 
 from __future__ import annotations
 
@@ -11,35 +12,127 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxcore.hf.tokenization import decode_completions, encode_prompts_limited, rollout_prompt_limit
-from jaxcore.inference.generate import GenerationResult, generate
+from jaxcore.agents import run_episodes
+from jaxcore.hf.tokenization import (
+    decode_completions,
+    encode_prompts,
+    encode_prompts_limited,
+    rollout_prompt_limit,
+)
+from jaxcore.inference.generate import GenerationResult, generate, pad_left, prompt_bucket
 from jaxcore.parallel.rows import allgather_sum, owned_rows
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.rewards.user_functions import Completion
 from jaxcore.runtime.config import RolloutConfig
 
 
-def encode_rollout_prompts(tokenizer: Any, examples: Sequence[Example], rollout: RolloutConfig, model_config: Any,
-                           *, warn: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
-    """Left-padded prompt ids and mask [B, T] under the rollout's prompt limit, and how many were truncated
-    (`warn`: log a truncation; `limit_prompts`)."""
-    return encode_prompts_limited(tokenizer, [e.prompt for e in examples], rollout_prompt_limit(rollout, model_config),
-                                  rollout.max_new_tokens, chat_template=rollout.chat_template,
-                                  system=rollout.system_prompt, vocab_size=model_config.vocab_size,
-                                  warn=warn)
+@dataclasses.dataclass
+class RolloutOutput:
+    """One rollout's rows, whatever made them (Tunix's `RolloutOutput`): every row's example and prompt, the
+    generation, which completion tokens the model generated, and what scoring and logging take besides."""
+
+    row_examples: list[Example]
+    prompt_ids_BT: np.ndarray          # every row's prompt, left-padded (host)
+    prompt_mask_BT: np.ndarray
+    result: GenerationResult           # completion tokens [B, C], placed like a `generate` result
+    model_mask_BC: np.ndarray | None = None    # 1 where the model generated the token; None: every token is
+    prompts_truncated: int = 0
+    scoring: dict[str, Any] = dataclasses.field(default_factory=dict)   # `score_rows`' further arguments
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)   # turn / tool statistics
+    messages: list[list[dict[str, Any]]] | None = None     # every row's completion as messages (multi-turn)
 
 
-def sample(model: Any, ids: np.ndarray, mask: np.ndarray, rollout: RolloutConfig, *, key: jax.Array | None,
-           eos_token_ids: tuple[int, ...], pad_token_id: int, row_sharding: Any = None,
-           num_return_sequences: int = 1, logprobs: bool = True) -> GenerationResult:
-    """Completions of every prompt row with the rollout's sampling settings; with `key` None greedy
-    (temperature 0, no filters: held-out evaluation). `logprobs=False` where nothing reads them (ES, evaluation)."""
-    settings = (dict(temperature=0.0) if key is None else
-                dict(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p,
-                     repetition_penalty=rollout.repetition_penalty))
-    return generate(model, ids, mask, max_new_tokens=rollout.max_new_tokens, **settings, eos_token_ids=eos_token_ids,
-                    num_return_sequences=num_return_sequences, key=key, pad_token_id=pad_token_id,
-                    row_sharding=row_sharding, logprobs=logprobs)
+class Rollout:
+    """The run's one way to roll out, built once from the rollout settings, the tokenizer and the optional agent
+    (tools and environments, or a rollout_func: `jaxcore.agents`), and used by both algorithms, evaluation and
+    the memory planner. Without an agent every row is one completion of its prompt; with one, an episode."""
+
+    def __init__(self, settings: RolloutConfig, tokenizer: Any, *, eos_token_ids: tuple[int, ...] = (),
+                 agent: Any = None, seed: int = 0):
+        self.settings, self.tokenizer, self.eos_token_ids = settings, tokenizer, tuple(eos_token_ids)
+        self.agent, self.seed = agent, seed
+
+    @property
+    def reward_names(self) -> list[str]:
+        """The reward sources the rollout adds to the reward functions (an environment's `get_reward`)."""
+        return [] if self.agent is None else list(self.agent.reward_names)
+
+    @property
+    def prompts_known_ahead(self) -> bool:
+        """Whether `encode` gives the prompts before the rollout runs (not so for episodes, which render them
+        turn by turn: with an environment's reset text, tool descriptions, ...)."""
+        return self.agent is None
+
+    def epoch_key(self, epoch: int) -> jax.Array:
+        """The sampling key of training epoch `epoch` (a pure function of the run's seed and the epoch)."""
+        return jax.random.fold_in(jax.random.key(self.seed), epoch)
+
+    def encode(self, examples: Sequence[Example], model_config: Any, *, warn: bool = True
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Left-padded prompt ids and mask [P, T] of the examples under the rollout's prompt limit, widened to the
+        prompt bucket generation pads them to (`prompt_bucket`), and how many were truncated (`warn`: logged)."""
+        r = self.settings
+        ids, mask, truncated = encode_prompts_limited(
+            self.tokenizer, [e.prompt for e in examples], rollout_prompt_limit(r, model_config), r.max_new_tokens,
+            chat_template=r.chat_template, system=r.system_prompt, vocab_size=model_config.vocab_size, warn=warn)
+        width = prompt_bucket(ids.shape[1], model_config.max_position_embeddings - r.max_new_tokens)
+        return (*pad_left(ids, mask, width, self.tokenizer.pad_token_id), truncated)
+
+    def generate(self, model: Any, ids: np.ndarray, mask: np.ndarray, *, key: jax.Array | None,
+                 generations: int = 1, row_sharding: Any = None, logprobs: bool = True) -> GenerationResult:
+        """`generations` completions of every prompt row with the rollout's sampling settings; with `key` None
+        greedy (held-out evaluation). `logprobs=False` where nothing reads them (ES, evaluation)."""
+        return generate(model, ids, mask, max_new_tokens=self.settings.max_new_tokens,
+                        sampling=self.settings.sampling(greedy=key is None), eos_token_ids=self.eos_token_ids,
+                        num_return_sequences=generations, key=key, pad_token_id=self.tokenizer.pad_token_id,
+                        row_sharding=row_sharding, logprobs=logprobs)
+
+    def run(self, model: Any, examples: Sequence[Example], *, key: jax.Array | None, generations: int = 1,
+            members: int = 1, row_sharding: Any = None, logprobs: bool = True,
+            on_prompts: Callable[[np.ndarray, np.ndarray], None] | None = None) -> RolloutOutput:
+        """Roll out `generations` completions of every example for each of `members` (an ES population's rows:
+        member-major, then prompt-major), rows placed with `row_sharding`; with `key` None greedily. Without an
+        agent, `on_prompts` gets the encoded prompts [P, T] before generation starts (to prepare work for the rows
+        to come); an agent's episodes encode their prompts per turn."""
+        row_examples = [e for e in examples for _ in range(generations)] * members
+        if self.agent is not None:     # every row an episode with its own environment instance
+            episodes = run_episodes(self.agent, model, self.tokenizer, row_examples, self.settings, key=key,
+                                    eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                    row_sharding=row_sharding)
+            return RolloutOutput(row_examples, episodes.prompt_ids_BT, episodes.prompt_mask_BT, episodes.result,
+                                 episodes.model_mask_BE, episodes.prompts_truncated, episodes.scoring(),
+                                 episodes.metrics(), episodes.messages)
+        ids, mask, truncated = self.encode(examples, model.config)
+        if on_prompts is not None:
+            on_prompts(ids, mask)
+        ids, mask = np.tile(ids, (members, 1)), np.tile(mask, (members, 1))
+        result = self.generate(model, ids, mask, key=key, generations=generations, row_sharding=row_sharding,
+                               logprobs=logprobs)
+        return RolloutOutput(row_examples, np.repeat(ids, generations, 0), np.repeat(mask, generations, 0),
+                             jax.block_until_ready(result), prompts_truncated=truncated)
+
+    def score(self, output: RolloutOutput, scorer: Scorer, *,
+              combined: Callable[[ScoreResult], np.ndarray] | None = None,
+              padding_from: int | None = None) -> RowScores:
+        """`score_rows` of a rollout's rows, with what its episodes add (environment rewards, messages, ...)."""
+        return score_rows(output.result, output.row_examples, self.tokenizer, scorer, combined=combined,
+                          padding_from=padding_from, **output.scoring)
+
+    def prompt_lengths(self, examples: Sequence[Example]) -> list[int]:
+        """Each example's prompt in tokens as the rollout renders it (chat template, system prompt; with an agent
+        the tools' description: one environment instance per environment name, never reset, so a reset's text is
+        not counted), before any limit: what the memory planner measures."""
+        r = self.settings
+        if self.agent is None:
+            return encode_prompts(self.tokenizer, [e.prompt for e in examples], chat_template=r.chat_template,
+                                  system=r.system_prompt)[1].sum(1).tolist()
+        envs = self.agent.environments
+        named = {} if envs is None else {envs.name_of(e): e for e in reversed(examples)}     # one row per name
+        instance = dict(zip(named, envs.instances(list(named.values())))) if envs is not None else {}
+        texts = [self.agent.prompt_text(self.tokenizer, e, None,
+                                        instance.get(envs.name_of(e)) if envs is not None else None, r.system_prompt)
+                 for e in examples]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 @dataclasses.dataclass

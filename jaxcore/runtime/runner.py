@@ -60,13 +60,10 @@ checkpoint and the final export, as a last epoch would) and ("train_end", step, 
 class Runner:
     """Runs an algorithm for `cfg.train.epochs` epochs with evaluation, logging and checkpoints."""
 
-    def __init__(self, cfg: Any, algorithm: Algorithm, tokenizer: Any, task: Task, *,
-                 eos_token_ids: tuple[int, ...] = (), examples_per_epoch: int | None = None,
+    def __init__(self, cfg: Any, algorithm: Algorithm, task: Task, *, examples_per_epoch: int | None = None,
                  base_weights: dict[str, list[float]] | None = None, observer: Observer | None = None):
         self.cfg = cfg
         self.algorithm = algorithm
-        self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
         self.base_weights = base_weights      # fingerprint of the weights loaded at start (stored, checked on resume)
         self.task = task
         self.observer = observer or (lambda event, step, metrics: False)
@@ -131,10 +128,8 @@ class Runner:
     def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
         t = self.cfg.train
         model = self.algorithm.eval_model()
-        return evaluate(model, self.tokenizer, self.eval_examples, scorer, self.cfg.rollout,
-                        batch_size=t.eval_batch_size, eos_token_ids=self.eos_token_ids,
-                        row_sharding=self.algorithm.eval_sharding, agent=getattr(self.algorithm, "agent", None),
-                        samples_per_prompt=t.eval_samples_per_prompt)
+        return evaluate(model, self.eval_examples, scorer, self.algorithm.rollout, batch_size=t.eval_batch_size,
+                        row_sharding=self.algorithm.eval_sharding, samples_per_prompt=t.eval_samples_per_prompt)
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""

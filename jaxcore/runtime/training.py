@@ -28,6 +28,7 @@ from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.optim import check_learning_rate
 from jaxcore.runtime.plan_check import check_fits, measured_prompt_tokens, model_config_of
+from jaxcore.runtime.rollout import Rollout
 from jaxcore.runtime.run_guard import OutDirLock
 from jaxcore.runtime.runner import Observer, Runner, fresh_run_over_checkpoints
 from jaxcore.runtime.signals import interrupts_export
@@ -162,8 +163,6 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
     if (tools or environment_factory is not None or rollout_func is not None) and not cfg.rollout.multi_turn:
         cfg = copy.copy(cfg)                # the caller's config stays as it was
         cfg.rollout = cfg.rollout.with_agent()      # episodes: the planner and dr_grpo count max_episode_tokens
-    if not resume:
-        refuse_fresh_run_over_checkpoints(cfg.train.out_dir)                  # before anything is built or loaded
     agent = build_agent(cfg.rollout, cfg.rewards, tools=tools, environment_factory=environment_factory,
                         rollout_func=rollout_func, owner=owner)
     try:
@@ -172,6 +171,13 @@ def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,
     finally:
         if agent is not None:
             agent.close()                       # the tools' worker processes
+
+
+def run_rollout(cfg: Any, tokenizer: Any, model_cfg: Any, agent: Any) -> Rollout:
+    """The run's one `Rollout`: its settings and seed, the tokenizer, the model's end-of-completion ids and the
+    agent (tools, environments, a rollout_func; None: single-turn)."""
+    return Rollout(cfg.rollout, tokenizer, eos_token_ids=tokenization.eos_token_ids(tokenizer, model_cfg.hf_config),
+                   agent=agent, seed=cfg.train.seed)
 
 
 def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow_changes: bool, agent: Any, *,
@@ -188,8 +194,12 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
         raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
                         "environment_factory whose environment defines get_reward()")
     model_cfg = model.config if model is not None else model_config_of(cfg)     # config.json only, read once
-    reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, agent, tokenizer_dir,
-                                                                               model_cfg))
+    tok_dir = ((tokenizer_dir or cfg.model.path or None) if model is not None else
+               model_checkpoint.tokenizer_dir_of(cfg.model.path))
+    tokenizer = tokenization.tokenizer_if_present(tok_dir, cfg.rollout.chat_template_kwargs)    # loaded once
+    rollout = None if tokenizer is None or model_cfg is None else run_rollout(cfg, tokenizer, model_cfg, agent)
+    reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, rollout, model_cfg)
+                        if rollout is not None else None)
     if reason:
         raise UserError(reason)
     if model is None:
@@ -197,21 +207,19 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
             raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
         model, tok_dir = model_checkpoint.load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
                                                    **algorithm_type.load_targets(cfg))   # each weight into its shard
-    else:
-        tok_dir = tokenizer_dir or cfg.model.path or None
     if tok_dir is None:
         raise UserError(f"{cfg.model.path}: no tokenizer files")
-    tokenizer = tokenization.with_chat_template_kwargs(tokenization.load_tokenizer(tok_dir),
-                                                      cfg.rollout.chat_template_kwargs)
-    eos = tokenization.eos_token_ids(tokenizer, model.config.hf_config)
+    if rollout is None:        # no tokenizer files found before loading: loading them names the problem
+        tokenizer = tokenization.with_chat_template_kwargs(tokenization.load_tokenizer(tok_dir),
+                                                          cfg.rollout.chat_template_kwargs)
+        rollout = run_rollout(cfg, tokenizer, model.config, agent)
     base_weights = weight_moments(model)          # before the algorithm owns (and updates) the weights
     try:
-        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=eos, **({"agent": agent} if agent else {}))
+        algorithm = algorithm_type(model, tokenizer, cfg, eos_token_ids=rollout.eos_token_ids, rollout=rollout)
     except ValueError as err:
         raise UserError(str(err)) from err
     del model                                   # the algorithm owns the weights from here on
-    summary = Runner(cfg, algorithm, tokenizer, task, eos_token_ids=eos, base_weights=base_weights,
-                     observer=observer).run(
+    summary = Runner(cfg, algorithm, task, base_weights=base_weights, observer=observer).run(
         resume=resume, allow_changes=allow_changes)
     if cfg.train.export_hf and summary["stopped_by"] is None:
         final_hf = Path(cfg.train.out_dir) / "final_hf"

@@ -126,6 +126,7 @@ class Trainer:
         from jaxcore.hf import model_checkpoint, tokenization
         from jaxcore.rewards import Scorer
         from jaxcore.runtime.evaluation import evaluate
+        from jaxcore.runtime.training import run_rollout
 
         if eval_dataset is None and self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
@@ -139,16 +140,16 @@ class Trainer:
             tokenization.load_tokenizer(self.tokenizer_dir or tok_dir or model_dir), job.rollout.chat_template_kwargs)
         agent = build_agent(job.rollout, job.rewards, tools=trainer.tools,
                             environment_factory=trainer.environment_factory, rollout_func=trainer.rollout_func)
-        rollout = job.rollout.with_agent() if agent is not None and not job.rollout.multi_turn else job.rollout
+        if agent is not None and not job.rollout.multi_turn:
+            job = dataclasses.replace(job, rollout=job.rollout.with_agent())
         try:
-            task = trainer.make_task(scored_by_environment=bool(agent is not None and agent.reward_names))
+            rollout = run_rollout(job, tokenizer, model.config, agent)
+            task = trainer.make_task(scored_by_environment=bool(rollout.reward_names))
             r = job.rewards
             with Scorer(task.reward_fns, task.reward_weights, num_workers=r.num_workers, timeout_s=r.timeout_s,
                         fallback=r.fallback) as scorer:
-                metrics = evaluate(model, tokenizer, list(task.eval), scorer, rollout,
-                                   batch_size=job.train.eval_batch_size, agent=agent,
-                                   samples_per_prompt=job.train.eval_samples_per_prompt,
-                                   eos_token_ids=tokenization.eos_token_ids(tokenizer, model.config.hf_config))
+                metrics = evaluate(model, list(task.eval), scorer, rollout, batch_size=job.train.eval_batch_size,
+                                   samples_per_prompt=job.train.eval_samples_per_prompt)
         finally:
             if agent is not None:
                 agent.close()

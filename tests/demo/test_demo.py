@@ -24,14 +24,16 @@ def jax_greedy_completions(model_dir, examples, max_new_tokens: int) -> list[str
     """jaxcore's held-out evaluation (the runner's `evaluate`) of an HF directory: its completions."""
     import jaxcore
     from jaxcore.hf.tokenization import eos_token_ids, load_tokenizer
+    from jaxcore.runtime.rollout import Rollout
 
     model, tokenizer = jaxcore.load_hf(model_dir), load_tokenizer(model_dir)
     rollout = ESConfig().rollout
     rollout.max_new_tokens = max_new_tokens
     task = get_task("addition", digits=2)
     with RecordingScorer(task.reward_fns, task.reward_weights, num_workers=0) as scorer:
-        evaluate(model, tokenizer, examples, scorer, rollout, batch_size=64,
-                 eos_token_ids=eos_token_ids(tokenizer, model.config.hf_config))
+        evaluate(model, examples, scorer, Rollout(rollout, tokenizer,
+                                                  eos_token_ids=eos_token_ids(tokenizer, model.config.hf_config)),
+                 batch_size=64)
     return scorer.completions
 
 

@@ -122,8 +122,9 @@ def test_old_logp_from_the_rollout_match_the_learner_forward(warm, dtype):
     pass has a ratio of 1. In float32 they are the rollout's own (aligned to the loss positions); in bfloat16
     the learner recomputes them with its forward (`test_bf16_old_logp_come_from_the_forward`)."""
     algorithm, cfg = build(warm["hf"], "grpo.num_iterations=2", f"model.dtype={dtype}")
-    ids, mask = algorithm.encode(examples_for(cfg))
-    result = algorithm.rollout(0, ids, mask)
+    ids, mask, _ = algorithm.rollout.encode(examples_for(cfg), algorithm.model.config)
+    result = algorithm.rollout.generate(algorithm.model, ids, mask, key=algorithm.rollout.epoch_key(0),
+                                        generations=cfg.rollout.generations_per_prompt, row_sharding=algorithm.rows)
     advantages = np.zeros(cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt)
     batch = algorithm.make_batch(ids, mask, result, advantages)
     forward = algorithm.learner.prepare(batch.replace(old_logp_BL=None)).old_logp_BL
@@ -303,8 +304,8 @@ def test_normalize_then_sum_trains_on_each_functions_normalized_rewards(warm, mo
         return real_batch(ids, mask, result, advantages_B, *rest)
 
     monkeypatch.setattr(algorithm, "make_batch", spy)
-    real_score = algorithm.score
-    monkeypatch.setattr(algorithm, "score", lambda *a, **k: seen.setdefault("scores", real_score(*a, **k)))
+    real_score = algorithm.rollout.score
+    monkeypatch.setattr(algorithm.rollout, "score", lambda *a, **k: seen.setdefault("scores", real_score(*a, **k)))
     with Scorer(task.reward_fns, task.reward_weights) as scorer:
         result = algorithm.train_step(0, examples_for(cfg), scorer)
         names = list(seen["scores"].per_function)

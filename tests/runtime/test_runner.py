@@ -400,7 +400,7 @@ def test_eval_every_zero_evaluates_only_after_the_last_epoch(tmp_path, monkeypat
     t.progress = t.tensorboard = False
     rewards = iter([1.0, 2.0, 3.0])
     monkeypatch.setattr(Runner, "_evaluate", lambda self, scorer: {"eval/reward": next(rewards), "eval/samples": []})
-    summary = Runner(cfg, StubAlgorithm(), None, make_task(cfg.task)).run()
+    summary = Runner(cfg, StubAlgorithm(), make_task(cfg.task)).run()
     logged = [(r["step"], r["eval/reward"]) for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
               if "eval/reward" in r]
     assert [step for step, _ in logged] == evaluated_at
@@ -421,7 +421,7 @@ def test_sigterm_checkpoints_without_the_due_evaluation(tmp_path, monkeypatch):
     evaluated = []
     monkeypatch.setattr(Runner, "_evaluate", lambda self, scorer: evaluated.append(1) or {"eval/reward": 1.0,
                                                                                          "eval/samples": []})
-    summary = Runner(cfg, StubAlgorithm(stop_at=1), None, make_task(cfg.task)).run()
+    summary = Runner(cfg, StubAlgorithm(stop_at=1), make_task(cfg.task)).run()
     assert summary["stopped_by"] == "SIGTERM" and summary["last_epoch"] == 1
     assert summary["checkpoint"] == str(tmp_path / "out" / "checkpoints" / "1")
     assert (tmp_path / "out" / "checkpoints" / "1").is_dir()
@@ -464,7 +464,7 @@ def test_an_epoch_whose_scoring_a_stop_cut_short_is_dropped(tmp_path, checkpoint
     t.epochs, t.eval_every, t.checkpoint_every, t.out_dir = 5, -1, checkpoint_every, str(tmp_path / "out")
     t.progress = t.tensorboard = False
     algorithm = ScoringStub(stop_at=2)
-    summary = Runner(cfg, algorithm, None, make_task(cfg.task)).run()
+    summary = Runner(cfg, algorithm, make_task(cfg.task)).run()
     assert algorithm.applied == [0, 1]
     assert summary["stopped_by"] == "SIGTERM" and summary["last_epoch"] == 1
     assert summary["checkpoint"] == str(tmp_path / "out" / "checkpoints" / "1")
@@ -487,7 +487,7 @@ def test_a_stop_before_the_first_epoch_leaves_no_checkpoint(tmp_path):
     t.epochs, t.eval_every, t.checkpoint_every, t.out_dir = 3, -1, 1, str(tmp_path / "out")
     t.progress = t.tensorboard = False
     algorithm = ScoringStub(stop_at=0)
-    summary = Runner(cfg, algorithm, None, make_task(cfg.task)).run()
+    summary = Runner(cfg, algorithm, make_task(cfg.task)).run()
     assert algorithm.applied == [] and summary["last_epoch"] == -1 and summary["checkpoint"] is None
     assert not any(p.name.isdigit() for p in (tmp_path / "out" / "checkpoints").glob("*"))
 
@@ -500,7 +500,7 @@ def test_held_out_examples_do_not_depend_on_the_train_seed(tmp_path):
     def held_out(seed):
         cfg = ESConfig()
         cfg.train.seed, cfg.train.out_dir = seed, str(tmp_path / f"out{seed}")
-        return [e.prompt for e in Runner(cfg, StubAlgorithm(), None, make_task(cfg.task)).eval_examples]
+        return [e.prompt for e in Runner(cfg, StubAlgorithm(), make_task(cfg.task)).eval_examples]
 
     assert held_out(0) == held_out(7) == held_out(123)
     assert EVAL_SEED == 0
@@ -515,6 +515,7 @@ def test_evaluation_scores_no_row_that_only_fills_the_batch_to_the_row_shards(ti
     from jaxcore.rewards import Example, Scorer
     from jaxcore.runtime.config import RolloutConfig
     from jaxcore.runtime.evaluation import evaluate
+    from jaxcore.runtime.rollout import Rollout
 
     model, tok_dir = model_checkpoint.load_any(str(tiny_dir("llama")), "float32")
     tokenizer = tokenization.load_tokenizer(tok_dir or str(tiny_dir("llama")))
@@ -528,7 +529,7 @@ def test_evaluation_scores_no_row_that_only_fills_the_batch_to_the_row_shards(ti
 
     examples = [Example(prompt=f"Count {i}.") for i in range(5)]
     with Scorer({"counted": counted}) as scorer:
-        metrics = evaluate(model, tokenizer, examples, scorer, RolloutConfig(max_new_tokens=3), batch_size=16,
+        metrics = evaluate(model, examples, scorer, Rollout(RolloutConfig(max_new_tokens=3), tokenizer), batch_size=16,
                            row_sharding=rows)
     assert sorted(seen) == sorted(e.prompt for e in examples) and metrics["eval/reward"] == 1.0
 
