@@ -14,8 +14,7 @@ import struct
 from pathlib import Path
 
 from jaxcore.hf.convert import CheckpointError, atomic_directory
-
-SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3_text")
+from jaxcore.model.families import registered
 
 
 def _first_line(err: BaseException) -> str:
@@ -59,9 +58,10 @@ def load_gguf(gguf_file: str | os.PathLike) -> tuple[object, object]:
             transformers.logging.enable_progress_bar()
         if gguf_bar is not None:
             gguf_utils.tqdm = gguf_bar
-    if model.config.model_type not in SUPPORTED_TYPES:
+    supported = [t for family in registered().values() for t in family.gguf_types]
+    if model.config.model_type not in supported:
         raise CheckpointError(f"{path}: architecture {model.config.model_type!r} is not supported "
-                              f"(supported: {', '.join(SUPPORTED_TYPES)})")
+                              f"(supported: {', '.join(supported)})")
     return model, tokenizer
 
 

@@ -1,7 +1,7 @@
 """LoRA adapters in peft's terms: targets chosen by HF module name (q_proj, ..., down_proj, or peft's
 "all-linear"), and the adapter directory `peft.PeftModel.from_pretrained` loads (adapter_config.json +
 adapter_model.safetensors with peft's key names). The transformation itself is `jaxcore.model.lora`.
-GPT-2 (fused c_attn Conv1D) is not supported.
+A family may refuse it (`Family.lora_refusal`: GPT-2's fused c_attn Conv1D).
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from safetensors.numpy import save_file
 
 from jaxcore.hf.convert import atomic_directory
 from jaxcore.hf.mapping import tensor_maps
+from jaxcore.model.families import family_named
 from jaxcore.model.lora import ALL_LINEAR, Adapters, LoRAConfig, init_adapters
 from jaxcore.model.transformer import Transformer
 
 
 def hf_modules(model: Transformer) -> dict[str, str]:
     """jaxcore kernel path -> HF module name (e.g. 'blocks.0.attn.q.kernel' -> 'model.layers.0.self_attn.q_proj')."""
-    if model.config.is_gpt2:
-        raise ValueError("LoRA is not supported for GPT-2 (fused c_attn); use a Llama/Qwen-style model")
+    refusal = family_named(model.config.family).lora_refusal
+    if refusal:
+        raise ValueError(refusal)
     return {m.jax_paths[0]: m.hf_key.removesuffix(".weight") for m in tensor_maps(model.config)
             if m.kind == "transpose"}
 

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "gemma3")
+from jaxcore.model.families import family_named
+
 SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>"}
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
@@ -43,11 +44,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 # The family each real-size preset belongs to (others default to the caller's family).
 PRESET_FAMILY = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "qwen2.5-1.5b": "qwen2", "llama3-8b": "llama",
                  "gemma3-270m": "gemma3"}
-# Gemma 3 at the tiny preset: a window shorter than the test prompts, local and global layers, a query scale
-# that is not head_dim, and linear RoPE scaling on the global layers (as the 4B+ models have).
-GEMMA3_TINY = dict(head_dim=32, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
-                   query_pre_attn_scalar=24, rope_scaling={"rope_type": "linear", "factor": 8.0},
-                   rope_local_theta=100.0)
 
 
 def preset_config(preset: str, family: str | None = None) -> dict[str, Any]:
@@ -79,53 +75,12 @@ def build_tokenizer(out_dir: str | os.PathLike) -> Any:
 
 def hf_config(family: str, preset: str = "tiny", *, vocab_size: int, tie: bool | None = None,
               **overrides: Any) -> Any:
-    """A transformers config object for `family` at `preset` size."""
-    import transformers
-
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+    """A transformers config object for `family` (a registered one: `jaxcore.model.families`) at `preset` size."""
+    known = family_named(family)
     p = {k: v for k, v in {**PRESETS[preset], **overrides}.items() if k != "family"}
-    tie = p.get("tie", family in ("qwen3", "gpt2", "gemma3")) if tie is None else tie
-    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family == "gpt2":
-        return transformers.GPT2Config(
-            vocab_size=vocab_size, n_embd=p["hidden"], n_layer=p["layers"], n_head=p["heads"],
-            n_inner=p["intermediate"], n_positions=p["max_pos"], tie_word_embeddings=tie, **ids)
-    common = dict(vocab_size=vocab_size, hidden_size=p["hidden"], num_hidden_layers=p["layers"],
-                  num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
-                  intermediate_size=p["intermediate"], max_position_embeddings=p["max_pos"],
-                  tie_word_embeddings=tie, rms_norm_eps=1e-5, **ids)
-    theta = p.get("rope_theta", 10000.0)
-    if family == "llama":
-        scaling = p.get("rope_scaling")
-        if scaling is None and preset == "tiny":
-            scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-        rope = {"rope_theta": theta, **(scaling or {"rope_type": "default"})}
-        return transformers.LlamaConfig(**common, rope_parameters=rope)
-    if family == "gemma3":
-        return _gemma3_config(common, {**(GEMMA3_TINY if preset == "tiny" else {}), **p}, theta)
-    rope = {"rope_theta": theta, "rope_type": "default"}
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common, rope_parameters=rope)
-    head_dim = p.get("head_dim", 32 if preset == "tiny" else p["hidden"] // p["heads"])
-    return transformers.Qwen3Config(**common, head_dim=head_dim, rope_parameters=rope)
-
-
-def _gemma3_config(common: dict[str, Any], p: dict[str, Any], theta: float) -> Any:
-    """A Gemma3TextConfig: layer_types as given, or every `pattern`-th layer (default 6) global."""
-    import transformers
-
-    types = list(p.get("layer_types") or ["sliding_attention" if (i + 1) % p.get("pattern", 6) else "full_attention"
-                                          for i in range(p["layers"])])
-    rope = {"full_attention": {"rope_theta": theta, **(p.get("rope_scaling") or {"rope_type": "default"})},
-            "sliding_attention": {"rope_theta": p.get("rope_local_theta", 10000.0), "rope_type": "default"}}
-    return transformers.Gemma3TextConfig(
-        **{**common, "rms_norm_eps": 1e-6}, head_dim=p.get("head_dim", p["hidden"] // p["heads"]),
-        rope_parameters=rope, layer_types=types, sliding_window=p.get("sliding_window", 4096),
-        query_pre_attn_scalar=p.get("query_pre_attn_scalar", 256),
-        final_logit_softcapping=p.get("final_logit_softcapping"),
-        attn_logit_softcapping=p.get("attn_logit_softcapping"), hidden_activation="gelu_pytorch_tanh")
+    tie = p.get("tie", known.tied_by_default) if tie is None else tie
+    return known.tiny_config({**p, "preset": preset}, vocab_size, tie, dict(pad_token_id=0, bos_token_id=1,
+                                                                            eos_token_id=2))
 
 
 def _randomise(model: Any, seed: int, norm_offset: float = 1.0) -> None:
@@ -159,7 +114,7 @@ def write_tiny_checkpoint(out_dir: str | os.PathLike, family: str = "llama", *, 
     config = hf_config(family, preset, vocab_size=vocab, tie=tie, **overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _randomise(model, seed, norm_offset=0.0 if family == "gemma3" else 1.0)
+    _randomise(model, seed, norm_offset=family_named(family).norm_offset)
     model = model.to(getattr(torch, dtype))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     transformers.utils.logging.disable_progress_bar()

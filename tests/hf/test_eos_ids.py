@@ -108,8 +108,8 @@ def test_both_trainers_and_their_evaluation_stop_at_the_generation_configs_eos(t
     seen = {}
 
     class Spy:
-        def __init__(self, cfg, algorithm, tokenizer, task, *, eos_token_ids, **kwargs):
-            seen.update(algorithm=algorithm.eos_token_ids, evaluation=eos_token_ids)
+        def __init__(self, cfg, algorithm, task, **kwargs):
+            seen.update(algorithm=algorithm.eos_token_ids, evaluation=algorithm.rollout.eos_token_ids)
             raise Captured
 
     monkeypatch.setattr(training, "Runner", Spy)

@@ -16,6 +16,7 @@ from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf import convert, mapping
 from jaxcore.hf.convert import CheckpointError, read_safetensors
 from jaxcore.hf.model_checkpoint import load_any, load_model, save_model
+from jaxcore.model.families import gpt2 as gpt2_family
 from jaxcore.model.state import flat_state
 from jaxcore.parallel import meshes, sharding
 
@@ -74,7 +75,7 @@ def host(model):
 def hf_sources(path):
     """{jaxcore path: HF tensor name} for a tiny checkpoint."""
     cfg = jaxcore.load_hf(path).config
-    return {p: m.hf_key for m in mapping.tensor_maps(cfg, mapping.gpt2_key_prefix(read_safetensors(path)))
+    return {p: m.hf_key for m in mapping.tensor_maps(cfg, read_safetensors(path))
             for p in m.jax_paths}
 
 
@@ -141,7 +142,7 @@ def test_fused_gpt2_c_attn_and_transposed_weights(tiny_dir):
     mesh = meshes.make_mesh({"a": 2, "b": 4})
     gpt2 = tiny_dir("gpt2")
     tensors, model = read_safetensors(gpt2), flat_state(jaxcore.load_hf(gpt2, shardings=both_dims(mesh)))
-    prefix = mapping.gpt2_key_prefix(tensors)
+    prefix = gpt2_family.key_prefix(tensors)
     fused, bias = tensors[f"{prefix}h.1.attn.c_attn.weight"], tensors[f"{prefix}h.1.attn.c_attn.bias"]
     d = fused.shape[-1] // 3
     for i, name in enumerate("qkv"):
