@@ -7,6 +7,7 @@ import math
 
 from jaxcore.es.config import ESConfig
 from jaxcore.inference.generate import bucket_length
+from jaxcore.model import axes
 from jaxcore.model.config import ModelConfig
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.runtime.memory import (
@@ -48,8 +49,8 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
     c, mb = itemsize(compute_dtype, "model.dtype"), itemsize(master_dtype, "es.master_dtype")
     m, pop = model_axis, devices // model_axis
     if targets is None:
-        targets = tuple(p for p, s in shapes.items() if len(s) == 2 and p not in ("embed.table", "lm_head.kernel",
-                                                                                    "pos_embed.table"))
+        targets = tuple(p for p, s in shapes.items()
+                        if len(s) == 2 and not (axes.is_embedding(p) or axes.is_lm_head(p)))
     compute = 0.0
     for path, shape in shapes.items():
         d_in, d_out = split_divisors(path, shape, m, cfg.head_dim) if len(shape) == 2 else (1, 1)

@@ -7,12 +7,14 @@ Shape suffixes: B batch, T length, D model width, F MLP width, N/I/O rows, input
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcore.model.axes import EMBED, FFN
 from jaxcore.model.config import ModelConfig
 
 Array = jax.Array
@@ -43,11 +45,17 @@ def _value(variable: nnx.Variable | None) -> Any:
 
 
 class Linear(nnx.Module):
-    """y = x @ kernel (+ bias); kernel stored [in, out] in the parameter dtype."""
+    """y = x @ kernel (+ bias); kernel stored [in, out] in the parameter dtype; `axes`: the logical axes of its
+    input and output (`jaxcore.model.axes`)."""
 
-    def __init__(self, d_in: int, d_out: int, bias: bool, *, rngs: nnx.Rngs | None, param_dtype: Any):
+    def __init__(self, d_in: int, d_out: int, bias: bool, *, axes: tuple[str, str], rngs: nnx.Rngs | None,
+                 param_dtype: Any):
+        self.axes = axes
         self.kernel = _param(_normal(rngs, (d_in, d_out), param_dtype))
         self.bias = _param(jnp.zeros((d_out,), param_dtype)) if bias else None
+
+    def param_axes(self) -> dict[str, tuple[str, ...]]:
+        return {"kernel": self.axes, **({"bias": self.axes[1:]} if self.bias is not None else {})}
 
     def __call__(self, x: Array) -> Array:
         y = matmul_rows(x, _value(self.kernel).astype(x.dtype))
@@ -60,10 +68,13 @@ class Norm(nnx.Module):
     """RMSNorm (Llama/Qwen: scale * x; Gemma, kind "rms_offset": (1 + scale) * x, all in float32) or LayerNorm
     (GPT-2), normalising in float32."""
 
-    def __init__(self, dim: int, kind: str, eps: float, *, param_dtype: Any):
-        self.kind, self.eps = kind, eps
+    def __init__(self, dim: int, kind: str, eps: float, *, param_dtype: Any, axis: str = EMBED):
+        self.kind, self.eps, self.axis = kind, eps, axis
         self.scale = _param(jnp.ones((dim,), param_dtype))
         self.bias = _param(jnp.zeros((dim,), param_dtype)) if kind == "layer" else None
+
+    def param_axes(self) -> dict[str, tuple[str, ...]]:
+        return {"scale": (self.axis,), **({"bias": (self.axis,)} if self.bias is not None else {})}
 
     def __call__(self, x: Array) -> Array:
         f32 = jnp.promote_types(x.dtype, jnp.float32)      # float32 (float64 stays float64)
@@ -91,9 +102,10 @@ class MLP(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None, param_dtype: Any):
         d, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.activation = config.activation
-        self.gate = Linear(d, f, bias, rngs=rngs, param_dtype=param_dtype) if config.gated_mlp else None
-        self.up = Linear(d, f, bias, rngs=rngs, param_dtype=param_dtype)
-        self.down = Linear(f, d, bias, rngs=rngs, param_dtype=param_dtype)
+        linear = functools.partial(Linear, rngs=rngs, param_dtype=param_dtype)
+        self.gate = linear(d, f, bias, axes=(EMBED, FFN)) if config.gated_mlp else None
+        self.up = linear(d, f, bias, axes=(EMBED, FFN))
+        self.down = linear(f, d, bias, axes=(FFN, EMBED))
 
     def __call__(self, x_BTD: Array) -> Array:
         h_BTF = self.up(x_BTD)
@@ -107,8 +119,12 @@ class MLP(nnx.Module):
 class Embedding(nnx.Module):
     """Token (or position) table [V, D]; `attend` is the tied LM head."""
 
-    def __init__(self, num: int, dim: int, *, rngs: nnx.Rngs | None, param_dtype: Any):
+    def __init__(self, num: int, dim: int, *, axes: tuple[str, str], rngs: nnx.Rngs | None, param_dtype: Any):
+        self.axes = axes
         self.table = _param(_normal(rngs, (num, dim), param_dtype))
+
+    def param_axes(self) -> dict[str, tuple[str, ...]]:
+        return {"table": self.axes}
 
     def __call__(self, ids: Array, dtype: Any) -> Array:
         return _value(self.table)[ids].astype(dtype)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcore.model.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS, POSITIONS, TABLE_EMBED, VOCAB_IN, VOCAB_OUT
 from jaxcore.model.config import ModelConfig
 from jaxcore.model.layers import MLP, Embedding, Linear, Norm
 from jaxcore.model.rope import Rope, rope_inverse_frequencies, rope_tables, rotate
@@ -98,11 +99,12 @@ class Attention(nnx.Module):
         d, e = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, e
         self.scale = config.attention_scale
-        self.q = Linear(d, config.num_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
-        self.k = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
-        self.v = Linear(d, config.num_kv_heads * e, config.qkv_bias, rngs=rngs, param_dtype=param_dtype)
-        self.o = Linear(config.num_heads * e, d, config.out_bias, rngs=rngs, param_dtype=param_dtype)
-        norm = (lambda: Norm(e, config.norm_type, config.norm_eps, param_dtype=param_dtype))
+        linear = functools.partial(Linear, rngs=rngs, param_dtype=param_dtype)
+        self.q = linear(d, config.num_heads * e, config.qkv_bias, axes=(EMBED, HEADS))
+        self.k = linear(d, config.num_kv_heads * e, config.qkv_bias, axes=(EMBED, KV_HEADS))
+        self.v = linear(d, config.num_kv_heads * e, config.qkv_bias, axes=(EMBED, KV_HEADS))
+        self.o = linear(config.num_heads * e, d, config.out_bias, axes=(HEADS, EMBED))
+        norm = (lambda: Norm(e, config.norm_type, config.norm_eps, param_dtype=param_dtype, axis=HEAD_DIM))
         self.q_norm = norm() if config.qk_norm else None
         self.k_norm = norm() if config.qk_norm else None
 
@@ -228,15 +230,16 @@ class Transformer(nnx.Module):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.remat = remat
-        self.embed = Embedding(config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype)
-        self.pos_embed = (Embedding(config.max_position_embeddings, config.hidden_size, rngs=rngs,
-                                    param_dtype=param_dtype) if config.learned_positions else None)
+        self.embed = Embedding(config.vocab_size, config.hidden_size, axes=(VOCAB_IN, TABLE_EMBED), rngs=rngs,
+                               param_dtype=param_dtype)
+        self.pos_embed = (Embedding(config.max_position_embeddings, config.hidden_size, axes=(POSITIONS, EMBED),
+                                    rngs=rngs, param_dtype=param_dtype) if config.learned_positions else None)
         blocks = [Block(config, rngs=rngs, param_dtype=param_dtype) for _ in range(config.num_layers)]
         self.blocks = LayerStack.of(blocks) if scan_layers else nnx.List(blocks)
         self.final_norm = Norm(config.hidden_size, config.norm_type, config.norm_eps,
                                param_dtype=param_dtype)
         self.lm_head = (None if config.tie_word_embeddings else
-                        Linear(config.hidden_size, config.vocab_size, False, rngs=rngs,
+                        Linear(config.hidden_size, config.vocab_size, False, axes=(EMBED, VOCAB_OUT), rngs=rngs,
                                param_dtype=param_dtype))
 
     @property

@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcore.model import axes
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import MODEL, POP, replicated
 
@@ -59,34 +60,28 @@ def replicate_model(model: Any, mesh: Mesh) -> Any:
 
 # ----------------------------------------------------------------------------- (pop, model) meshes
 
-_COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up", "lm_head")   # shard the output dim
-_ROW_PARALLEL = ("attn.o", "mlp.down")                                               # shard the input dim
-_ATTENTION = ("attn.q", "attn.k", "attn.v", "attn.o")                                # split between whole heads
+# The Megatron layout as a table over the parameters' logical axes (`jaxcore.model.axes`): the axes split over
+# the model axis. Column-parallel q/k/v/gate/up/lm_head split their outputs (and biases), row-parallel o/down
+# their inputs, the token table its columns; every other axis stays whole.
+TENSOR_PARALLEL_AXES = (axes.HEADS, axes.KV_HEADS, axes.FFN, axes.VOCAB_OUT, axes.TABLE_EMBED)
 
 
 def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size: int,
                          head_dim: int | None = None) -> P:
-    """Megatron layout: column-parallel q/k/v/gate/up/lm_head (output dim, and their biases),
-    row-parallel o/down (input dim), the embedding table over its hidden dim; the rest replicated.
+    """The Megatron layout of parameter `path` (`TENSOR_PARALLEL_AXES` over its logical axes, aligned to the
+    trailing dimensions of `shape`); replicated where no axis splits, or where its size does not divide.
 
-    With `head_dim`, attention projections split only between whole heads: q/k/v/o stay replicated when
-    their head count does not divide by `axis_size` (Gemma 3 270M's single key/value head on a model
-    axis of 2), rather than splitting a head's dot product across devices."""
-    module, _, leaf = path.rpartition(".")
-    module = module.split(".", 2)[-1] if module.startswith("blocks.") else module
+    With `head_dim`, attention projections split only between whole heads (`axes.HEAD_AXES`): they stay
+    replicated when their head count does not divide by `axis_size` (Gemma 3 270M's single key/value head on a
+    model axis of 2), rather than splitting a head's dot product across devices."""
+    names = axes.parameter_axes(path)
+    offset = len(shape) - len(names)
+    dim = next((offset + d for d, name in enumerate(names) if name in TENSOR_PARALLEL_AXES), None)
+    if axis_size == 1 or dim is None or offset < 0 or shape[dim] % axis_size:
+        return P()
+    if head_dim and names[dim - offset] in axes.HEAD_AXES and (shape[dim] // head_dim) % axis_size:
+        return P()
     dims: list[str | None] = [None] * len(shape)
-    if module in _COLUMN_PARALLEL:
-        dim = len(shape) - 1 if leaf in ("kernel", "bias") else None
-    elif module in _ROW_PARALLEL:
-        dim = 0 if leaf == "kernel" else None
-    elif path == "embed.table":
-        dim = 1
-    else:
-        dim = None
-    if axis_size == 1 or dim is None or shape[dim] % axis_size:
-        return P()
-    if head_dim and module in _ATTENTION and (shape[dim] // head_dim) % axis_size:
-        return P()
     dims[dim] = axis
     return P(*dims)
 

@@ -180,22 +180,23 @@ def recorded(monkeypatch):
     """The ES algorithms the trainer builds, and the weights every evaluation's (greedy) `sample` receives."""
     from jaxcore.api import ESTrainer
     from jaxcore.es.algorithm import EggrollAlgorithm
-    from jaxcore.runtime import evaluation
+    from jaxcore.runtime.rollout import Rollout
 
     seen = {"algorithms": [], "eval_weights": []}
-    real_sample = evaluation.sample
+    real_sample = Rollout.generate
 
     class Recorded(EggrollAlgorithm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen["algorithms"].append(self)
 
-    def sample(model, *args, **kwargs):
-        seen["eval_weights"].append({k: v for k, v in flat_state(model).items() if v.ndim == 2})
-        return real_sample(model, *args, **kwargs)
+    def sample(rollout, model, *args, **kwargs):
+        if kwargs["key"] is None:           # greedy: an evaluation's
+            seen["eval_weights"].append({k: v for k, v in flat_state(model).items() if v.ndim == 2})
+        return real_sample(rollout, model, *args, **kwargs)
 
     monkeypatch.setattr(ESTrainer, "algorithm_type", staticmethod(lambda: Recorded))
-    monkeypatch.setattr(evaluation, "sample", sample)
+    monkeypatch.setattr(Rollout, "generate", sample)
     return seen
 
 

@@ -33,6 +33,7 @@ from jaxcore.runtime import compile_cache
 from jaxcore.runtime import metrics as metrics_module
 from jaxcore.runtime import runner as runner_module
 from jaxcore.runtime.programs import ledger
+from jaxcore.runtime.rollout import Rollout
 from tests.cli_runs import es_args, grpo_args, phases_within
 from tests.compile_log import COMPILED, jax_compile_log
 
@@ -124,9 +125,10 @@ def test_a_grpo_run_makes_its_train_step_programs_beside_its_first_rollout(tiny_
     machine's speed). On the code before, each new bucket compiled its step when first met, in its epoch. (On the
     CPU backend of a small host only the likeliest is made ahead: `spare_host_cores`.)"""
     max_new, longest = 16, (3, 5, 2, 9, 4)
-    sample, make_batch, train_step = GRPOAlgorithm.rollout, GRPOAlgorithm.make_batch, GRPOAlgorithm.train_step
+    sample, make_batch, train_step = Rollout.generate, GRPOAlgorithm.make_batch, GRPOAlgorithm.train_step
     shapes: list[tuple[int, int]] = []       # (prompt columns, completion columns) of each epoch's train step
     ends: list[float] = []
+    rollouts: list[int] = []                 # one generation per epoch (no evaluation)
 
     def make_batch_seen(self, *args, **kwargs):
         batch = make_batch(self, *args, **kwargs)
@@ -134,8 +136,10 @@ def test_a_grpo_run_makes_its_train_step_programs_beside_its_first_rollout(tiny_
         shapes.append((prompt, batch.input_ids_BT.shape[1] - prompt))
         return batch
 
-    def rollout_cut(self, epoch: int, ids, mask) -> GenerationResult:
-        result = sample(self, epoch, ids, mask)
+    def rollout_cut(self, *args, **kwargs) -> GenerationResult:
+        epoch = len(rollouts)
+        rollouts.append(epoch)
+        result = sample(self, *args, **kwargs)
         lengths_B = jnp.minimum(result.lengths, longest[epoch])
         kept_BN = jnp.arange(result.tokens.shape[1])[None] < lengths_B[:, None]
         return GenerationResult(jnp.where(kept_BN, result.tokens, self.tokenizer.pad_token_id),
@@ -149,7 +153,7 @@ def test_a_grpo_run_makes_its_train_step_programs_beside_its_first_rollout(tiny_
         ends.append(time.time())
         return result
 
-    monkeypatch.setattr(GRPOAlgorithm, "rollout", rollout_cut)
+    monkeypatch.setattr(Rollout, "generate", rollout_cut)
     monkeypatch.setattr(GRPOAlgorithm, "make_batch", make_batch_seen)
     monkeypatch.setattr(GRPOAlgorithm, "train_step", train_step_then_drain)
     monkeypatch.setattr(grpo_algorithm, "spare_host_cores", lambda: True)       # as on an accelerator's host
