@@ -12,6 +12,7 @@ read and write of the whole cache, and the embedding gather as a read of the tab
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -136,3 +137,33 @@ def test_decode_without_logprobs_skips_the_vocabulary_log_sum_exp(bench_model):
         jaxpr = jax.make_jaxpr(loop)(bench_model, cache, logits_BV, ids[:, 0], 8, jax.random.key(0))
         exps[with_logprobs] = str(jaxpr).count(" exp ")
     assert exps[False] < exps[True], exps
+
+
+def kernels_per_layer(tiny_dir, population: bool) -> float:
+    """Kernels XLA launches per transformer layer in one compiled decode step (fusions, custom calls and
+    unfused products of the program's entry), from models of 2 and 4 layers: the per-kernel costs (launches,
+    small kernels) a GPU pays on every generated token, whatever the backend's fusion choices in detail."""
+    counts = []
+    for layers in (2, 4):
+        model = jaxcore.load_hf(tiny_dir("llama", layers=layers))
+        if population:
+            model = eggroll.population(model, eggroll.make_plan(model, eggroll.EggrollConfig(
+                population=ROWS, rank=1, sigma=1e-3)), 0)
+        graphdef, state = nnx.split(model)
+        ids_BT = jnp.ones((ROWS, PROMPT), jnp.int32)
+        _, cache = jax.eval_shape(functools.partial(prefill, cache_length=PROMPT + NEW), model, ids_BT, ids_BT)
+        zeros_B = jnp.zeros(ROWS, jnp.int32)
+        text = decode_step.lower(graphdef, state, cache, zeros_B, zeros_B, jnp.int32(PROMPT)).compile().as_text()
+        entry = text[text.index("\nENTRY"):]
+        counts.append(len(re.findall(r"= \S+ (?:fusion|custom-call|dot|convolution)\(", entry)))
+    return (counts[1] - counts[0]) / 2
+
+
+@pytest.mark.parametrize("population,most", [(False, 30), (True, 49)])
+def test_a_decode_step_launches_a_bounded_number_of_kernels_per_layer(tiny_dir, population, most):
+    """Issue 41's CPU proxy for the GPU's per-kernel cost: kernels per layer of one decode step, plain and for an
+    EGGROLL population (whose rank-1 terms are one product per matrix today: 7 a layer), held at today's counts
+    on XLA:CPU (30 and 49) so that a change adding kernels to the hot loop shows here; a lever that fuses
+    projections or batches a layer's rank-r terms lowers them (and this bound with it)."""
+    per_layer = kernels_per_layer(tiny_dir, population)
+    assert per_layer == int(per_layer) and 0 < per_layer <= most, per_layer
