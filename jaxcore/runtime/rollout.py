@@ -31,7 +31,7 @@ class RolloutOutput:
     """One rollout's rows, whatever made them (Tunix's `RolloutOutput`): every row's example and prompt, the
     generation, which completion tokens the model generated, and what scoring and logging take besides."""
 
-    row_examples: list[Example]
+    row_examples: list[Example]        # every row's example, its prompt as the model saw it (an episode's: reset)
     prompt_ids_BT: np.ndarray          # every row's prompt, left-padded (host)
     prompt_mask_BT: np.ndarray
     result: GenerationResult           # completion tokens [B, C], placed like a `generate` result
@@ -99,6 +99,8 @@ class Rollout:
             episodes = run_episodes(self.agent, model, self.tokenizer, row_examples, self.settings, key=key,
                                     eos_token_ids=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
                                     row_sharding=row_sharding)
+            row_examples = [dataclasses.replace(e, prompt=p)          # the prompt with its reset() text
+                            for e, p in zip(row_examples, episodes.reward_prompts, strict=True)]
             return RolloutOutput(row_examples, episodes.prompt_ids_BT, episodes.prompt_mask_BT, episodes.result,
                                  episodes.model_mask_BE, episodes.prompts_truncated, episodes.scoring(),
                                  episodes.metrics(), episodes.messages)

@@ -62,3 +62,17 @@ def test_an_environment_that_scores_needs_no_reward_functions(make_model, path, 
     for r in [r for r in rows if "reward" in r]:
         assert r["reward"] == r["rewards/IncrementEnv/mean"] and 2.0 <= r["reward"] <= 4.0
         assert not [k for k in r if k.startswith("rewards/") and "IncrementEnv" not in k]
+
+
+def test_the_completions_log_shows_each_prompt_with_its_resets_text(make_model, path, tmp_path):
+    """As TRL logs them: a row's prompt is the one the model saw, the environment's reset() text appended (before:
+    the dataset's prompt alone)."""
+    import pandas as pd
+
+    jaxcore_es(make_model, path, tmp_path, TRAIN, f"rewards.functions=[{TOOLS}:said_done]", "train.eval_every=-1",
+               "train.log_completions=true")
+    files = sorted((tmp_path / "es" / "completions").glob("*.parquet"))
+    assert files
+    for file in files:
+        prompts = pd.read_parquet(file)["prompt"].tolist()
+        assert len(prompts) == 16 and all("The counter starts at 0." in str(p) for p in prompts), prompts[:2]
