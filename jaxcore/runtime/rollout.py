@@ -35,7 +35,7 @@ class RolloutOutput:
     prompt_ids_BT: np.ndarray          # every row's prompt, left-padded (host)
     prompt_mask_BT: np.ndarray
     result: GenerationResult           # completion tokens [B, C], placed like a `generate` result
-    model_mask_BC: np.ndarray | None = None    # 1 where the model generated the token; None: every token is
+    model_mask_BC: np.ndarray | None = None    # 1 where the model generated the token; None: it made them all
     prompts_truncated: int = 0
     scoring: dict[str, Any] = dataclasses.field(default_factory=dict)   # `score_rows`' further arguments
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)   # turn / tool statistics
