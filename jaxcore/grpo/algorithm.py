@@ -196,8 +196,7 @@ class GRPOAlgorithm(Algorithm):
                    tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:
         """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`. `ids`/`mask`
         are per row, or per prompt (repeated per row); `tool_mask_BC` (an episode's, 0 on tool tokens) masks the
-        loss. The
-        step sees no padded work beyond the buckets: prompts cut to `prompt_width`, completions to
+        loss. The step sees no padded work beyond the buckets: prompts cut to `prompt_width`, completions to
         `completion_width` (the rollout's own prompt bucket is generate's)."""
         g = len(advantages_B) // ids.shape[0]          # prompts given once per prompt are repeated per row
         keep = min(prompt_width(mask), ids.shape[1])     # left padding: the columns dropped are padding only
