@@ -177,8 +177,12 @@ class GRPOAlgorithm(Algorithm):
             return
         for examples in upcoming:           # a too-long prompt is warned about when its epoch runs
             ids, mask, _ = self.rollout.encode(examples, self.model_config, warn=False)
-            self.plan_programs(len(examples) * self.cfg.rollout.generations_per_prompt,
-                               min(prompt_width(mask), ids.shape[1]), self.cfg.rollout.max_new_tokens)
+            self.plan_prompts(ids, mask)
+
+    def plan_prompts(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """`plan_programs` for a single-turn rollout of these encoded prompts [P, T], G completions each."""
+        self.plan_programs(ids.shape[0] * self.cfg.rollout.generations_per_prompt,
+                           min(prompt_width(mask), ids.shape[1]), self.cfg.rollout.max_new_tokens)
 
     def advantages(self, scores: RowScores, scorer: Scorer, group_size: int, scale: str
                    ) -> tuple[np.ndarray, dict[str, float]]:
@@ -236,9 +240,7 @@ class GRPOAlgorithm(Algorithm):
             out = self.rollout.run(self.learner.model, examples, key=self.rollout.epoch_key(epoch), generations=g,
                                    row_sharding=self.rows,
                                    logprobs=self.cfg.old_logp_source == "rollout",   # else the learner's forward
-                                   on_prompts=lambda ids, mask: self.plan_programs(
-                                       len(examples) * g, min(prompt_width(mask), ids.shape[1]),
-                                       self.cfg.rollout.max_new_tokens))
+                                   on_prompts=self.plan_prompts)
         with clock.phase("scoring"):
             scores = self.rollout.score(out, scorer, combined=lambda s: advantage_rewards(s, scorer.fallback))
             rewards_B = scores.rewards_B

@@ -121,7 +121,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(path: str, _absolute: str, _stamp: tuple[Any, ...]) -> Any:
-    if not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
+    if not has_tokenizer_files(path):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
     for name in TOKENIZER_JSON[1:]:        # the small ones first; tokenizer.json (megabytes) only if loading fails
         _check_json_object(Path(path) / name)
@@ -144,11 +144,16 @@ def _load_tokenizer(path: str, _absolute: str, _stamp: tuple[Any, ...]) -> Any:
     return tokenizer
 
 
+def has_tokenizer_files(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a tokenizer to load (tokenizer.json or tokenizer_config.json)."""
+    return any((Path(path) / name).is_file() for name in TOKENIZER_JSON[:2])
+
+
 def tokenizer_if_present(path: str | os.PathLike | None, chat_template_kwargs: dict[str, Any] | None = None
                          ) -> Any | None:
     """`load_tokenizer(path)` rendering with `chat_template_kwargs` (`with_chat_template_kwargs`); None where
     `path` has no tokenizer files."""
-    if path is None or not any((Path(path) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+    if path is None or not has_tokenizer_files(path):
         return None
     return with_chat_template_kwargs(load_tokenizer(path), chat_template_kwargs)
 

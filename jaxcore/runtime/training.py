@@ -205,8 +205,8 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
     if model is None:
         if not cfg.model.path:
             raise UserError("model.path is not set (an HF directory or a jaxcore checkpoint)")
-        model, tok_dir = model_checkpoint.load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
-                                                   **algorithm_type.load_targets(cfg))   # each weight into its shard
+        model, _ = model_checkpoint.load_any(cfg.model.path, cfg.model.dtype, remat=cfg.model.remat,
+                                             **algorithm_type.load_targets(cfg))   # each weight into its shard
     if tok_dir is None:
         raise UserError(f"{cfg.model.path}: no tokenizer files")
     if rollout is None:        # no tokenizer files found before loading: loading them names the problem
