@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import warnings
 from typing import Any, ClassVar
@@ -60,6 +61,7 @@ class FlatArguments:
                 setattr(self, name, json.loads(getattr(self, name)))
         if strategy(self.eval_strategy) != "no":
             self.do_eval = True                     # transformers' TrainingArguments does the same
+        self._resolve()
         self._check()
         refused = [f"{name}={getattr(self, name)!r} ({why})" for name, why in self.REFUSED.items()
                    if name in given and getattr(self, name) != self.DEFAULTS[name]]
@@ -74,6 +76,17 @@ class FlatArguments:
         if ignored:
             warnings.warn(f"{type(self).__name__} arguments with no effect in jaxcore: " + "; ".join(ignored),
                           UserWarning, stacklevel=2)
+
+    def _resolve(self) -> None:
+        """What TRL's base config and transformers' TrainingArguments resolve in their __post_init__: the job
+        follows the arguments as TRL resolves them, not their raw defaults."""
+        if self.bf16 is None:                       # TRL: bf16 mixed precision unless fp16
+            self.bf16 = not self.fp16
+        if self.activation_checkpointing is None:   # transformers: the old name stands in for the new one
+            self.activation_checkpointing = bool(self.gradient_checkpointing)
+        self.gradient_checkpointing = self.activation_checkpointing
+        if self.disable_tqdm is None:               # transformers: no bar when its logger is quieter than WARNING
+            self.disable_tqdm = logging.getLogger("transformers.training_args").getEffectiveLevel() > logging.WARN
 
     def _check(self) -> None:
         """The trainer's own checks of its arguments (TRL's), before jaxcore's refusals."""

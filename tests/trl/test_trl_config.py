@@ -142,6 +142,31 @@ def test_mapped_arguments_reach_the_job_config():
     assert (job.model.dtype, job.model.remat, job.rewards.weights) == ("bfloat16", False, [1.0, 0.5])
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"bf16": False}, {"bf16": True}, {"gradient_checkpointing": False},
+                                    {"activation_checkpointing": False}, {"activation_checkpointing": True,
+                                                                          "gradient_checkpointing": False},
+                                    {"disable_tqdm": True}, {"scale_rewards": False}])
+def test_the_job_follows_the_arguments_as_trl_resolves_them(kwargs):
+    """Each mapped argument after TRL's __post_init__ (and transformers'), not its raw field default: TRL resolves
+    bf16=None to True (bf16 mixed precision), and activation_checkpointing from gradient_checkpointing. (Before:
+    jaxcore mapped the raw None to float32.)"""
+    from jaxcore.trl.flat_arguments import strategy
+
+    theirs = trl.GRPOConfig(output_dir="x", use_cpu=True, **kwargs)
+    ours = GRPOConfig(output_dir="x", **kwargs)
+    job = ours.to_job_config(devices=1, train_rows=64)
+    assert job.model.dtype == ("bfloat16" if theirs.bf16 else "float32")
+    resolved_per_device_count = {"generation_batch_size", "steps_per_generation", "report_to"}   # checked below
+    for name in set(HANDLED) - resolved_per_device_count:
+        assert strategy(getattr(ours, name)) == strategy(getattr(theirs, name)), name
+    assert job.model.remat == theirs.activation_checkpointing == theirs.gradient_checkpointing
+    assert job.train.progress == (not theirs.disable_tqdm)
+    assert job.grpo.scale_rewards == theirs.scale_rewards
+    assert job.grpo.steps_per_generation == theirs.steps_per_generation
+    assert job.rollout.prompts_per_epoch * job.rollout.generations_per_prompt == theirs.generation_batch_size
+    assert job.train.tensorboard == ("tensorboard" in theirs.report_to)
+
+
 def test_the_docs_page_lists_every_argument_as_the_code_handles_it():
     from pathlib import Path
 
