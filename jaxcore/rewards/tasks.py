@@ -55,7 +55,8 @@ class Task(Protocol):
 
     def num_examples(self, split: str) -> int | None:
         """How many examples ``split`` holds (a dataset's size), or None when any number can be drawn (a
-        generator): evaluation then uses at most that many."""
+        generator): evaluation then uses at most that many. A dataset task holds its train rows in order in
+        ``train``, which training walks in passes (`jaxcore.runtime.runner.epoch_rows`)."""
         ...
 
 

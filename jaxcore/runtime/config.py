@@ -100,6 +100,9 @@ class TrainConfig(Checked):
 
     epochs: Annotated[int, Ge(1)] = 10
     seed: Annotated[int, Ge(0)] = 0
+    # a dataset is walked in passes (TRL's RepeatSampler), each pass in an order seeded by (seed, pass); false: the
+    # dataset's own order (TRL's shuffle_dataset=False)
+    shuffle: bool = True
     out_dir: str = "runs/es"
     eval_every: Annotated[int, Ge(-1)] = 5  # held-out evaluation every N epochs; 0 = only after the last, -1 = never
     eval_prompts: Annotated[int, Ge(1)] = 64

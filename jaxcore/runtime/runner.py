@@ -2,8 +2,10 @@
 
 An algorithm plugs in through the `Algorithm` protocol; the `Runner` owns everything around it:
 
-- epoch e's prompts are drawn from the task with seed (train.seed, e), so the data position is
-  the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
+- a dataset is walked in passes, as TRL's RepeatSampler walks it: each pass orders the rows by (train.seed, pass)
+  (`train.shuffle` false: the dataset's order) and epoch k of the pass takes the k-th slice of prompts_per_epoch
+  rows (`epoch_rows`); a generator task draws epoch e's prompts with seed (train.seed, e). Either way the data
+  position is the epoch and a resumed run sees exactly the prompts an uninterrupted one would;
 - held-out evaluation (`eval_prompts` examples, greedy or sampled) before training, every `eval_every` epochs and
   after the last; with `eval_every` 0 only after the last, with -1 never;
 - metrics to JSONL + TensorBoard, a tqdm bar with ETA and live reward, a reward plot at the end;
@@ -31,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxcore.config.yaml_config import to_dict
-from jaxcore.errors import OutputError, TaskConfigError, TrainingError, UserError  # noqa: F401  (re-exported)
+from jaxcore.errors import OutputError, TaskConfigError, TaskError, TrainingError, UserError  # noqa: F401  (re-exported)
 from jaxcore.rewards import Example, Scorer, ScoringStopped, Task
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
@@ -50,6 +52,17 @@ LOOKAHEAD = 8          # epochs whose examples the algorithm sees ahead, to make
 def epoch_seed(seed: int, epoch: int) -> int:
     """Seed of epoch `epoch`'s prompt sample (a pure function of the run seed and the epoch)."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def epoch_rows(rows: int, per_epoch: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The dataset rows epoch `epoch` trains on, as TRL's RepeatSampler walks a dataset of `rows` rows: a pass is
+    rows // per_epoch epochs over one order of the rows (a permutation seeded by (seed, pass), or the dataset's own
+    order without `shuffle`), epoch k of a pass taking its k-th slice of `per_epoch` rows, so every row is trained
+    once per pass; the rows % per_epoch rows left at the end of a pass's order are not drawn in that pass (TRL drops
+    the incomplete batch). A pure function of its arguments: a resumed run draws what an uninterrupted one would."""
+    pass_index, k = divmod(epoch, rows // per_epoch)
+    order = np.random.default_rng([seed, pass_index]).permutation(rows) if shuffle else np.arange(rows)
+    return order[k * per_epoch:(k + 1) * per_epoch]
 
 
 Observer = Callable[[str, int, "dict[str, Any] | None"], "bool | None"]
@@ -110,8 +123,16 @@ class Runner:
     def _examples(self, epoch: int) -> list[Example]:
         """Epoch `epoch`'s training examples (drawn once, whether first for the lookahead or for the epoch)."""
         if epoch not in self._drawn:
-            self._drawn[epoch] = self.task.examples("train", self.examples_per_epoch,
-                                                    epoch_seed(self.cfg.train.seed, epoch))
+            t, rows = self.cfg.train, self.task.num_examples("train")
+            if rows is None:                            # a generator: any number of examples, drawn per epoch
+                drawn = self.task.examples("train", self.examples_per_epoch, epoch_seed(t.seed, epoch))
+            else:                                       # a dataset: walked in passes
+                if self.examples_per_epoch > rows:
+                    raise TaskError(f"{self.task.name}: asked for {self.examples_per_epoch} train examples per "
+                                    f"epoch, only {rows} exist")
+                drawn = [self.task.train[i] for i in epoch_rows(rows, self.examples_per_epoch, t.seed, epoch,
+                                                                 t.shuffle)]
+            self._drawn[epoch] = drawn
         return self._drawn[epoch]
 
     def _resume(self, allow_changes: bool = False) -> int:

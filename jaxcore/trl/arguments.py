@@ -229,7 +229,8 @@ HANDLED: dict[str, str] = {
             "True unless fp16, as TRL resolves it)",
     "gradient_checkpointing": "model.remat (when activation_checkpointing is None, as transformers resolves it)",
     "activation_checkpointing": "model.remat (transformers' new name of gradient_checkpointing)",
-    "seed": "train.seed",
+    "seed": "train.seed (also the seed of each pass's order of the dataset, as TRL's RepeatSampler)",
+    "shuffle_dataset": "train.shuffle: each pass over the dataset in a seeded order (False: the dataset's order)",
     "disable_tqdm": "train.progress = not disable_tqdm (None: as transformers resolves it, from its logger's level)",
     "report_to": "train.tensorboard (tensorboard or all)",
     "save_strategy": "train.checkpoint_every (no: -1; steps: save_steps; epoch: once per dataset epoch)",
@@ -273,7 +274,8 @@ _NO_HUB = "jaxcore writes out_dir/final_hf; nothing is uploaded"
 _VLLM = "jaxcore generates with its own KV-cache decoder, on the training weights (no vLLM, no importance correction)"
 _XLA = "XLA compiles and fuses every step"
 _MESH = "jaxcore shards over its own device mesh (args of the job config: grpo.fsdp, distributed)"
-_DATA = "jaxcore reads the dataset itself and draws each rollout's prompts from the seed"
+_DATA = ("jaxcore reads the dataset itself and walks it in passes as TRL's RepeatSampler does, each pass in an order "
+         "seeded by seed")
 
 # TRL name -> what jaxcore does instead (accepted; one warning names those set to other than TRL's default)
 IGNORED: dict[str, str] = {
@@ -305,7 +307,7 @@ IGNORED: dict[str, str] = {
     "restore_callback_states_from_checkpoint": "callbacks are not supported",
     "full_determinism": "a jaxcore run is determined by its seed",
     "data_seed": _DATA, "train_sampling_strategy": _DATA, "length_column_name": _DATA,
-    "shuffle_dataset": _DATA, "remove_unused_columns": "every column reaches the reward functions (TRL's False)",
+    "remove_unused_columns": "every column reaches the reward functions (TRL's False)",
     "label_names": "GRPO has no labels",
     "use_cpu": "JAX uses its default backend (JAX_PLATFORMS=cpu for the CPU)",
     "accelerator_config": _MESH, "parallelism_config": _MESH, "fsdp": _MESH, "fsdp_config": _MESH,

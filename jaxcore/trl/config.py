@@ -112,6 +112,7 @@ class GRPOConfig(FlatArguments):
         self._map_optimizer(job, rollouts * per_rollout, "adamw")
         self._map_train(job, rollouts, per_rollout, per_epoch, devices)
         job.model.remat = bool(self.activation_checkpointing)
+        job.train.shuffle = bool(self.shuffle_dataset)
         self._map_grpo(job, steps)
         return self._validated(job)
 

@@ -492,6 +492,47 @@ def test_a_stop_before_the_first_epoch_leaves_no_checkpoint(tmp_path):
     assert not any(p.name.isdigit() for p in (tmp_path / "out" / "checkpoints").glob("*"))
 
 
+class RecordingStub(StubAlgorithm):
+    """Records each epoch's prompts."""
+
+    def __init__(self):
+        super().__init__()
+        self.prompts: list[list[str]] = []
+
+    def train_step(self, epoch, examples, scorer):
+        self.prompts.append([e.prompt for e in examples])
+        return StepResult({"reward": 0.5})
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_dataset_is_walked_in_passes_each_prompt_once_per_pass(tmp_path, shuffle):
+    """12 rows, 4 prompts per epoch: epochs 0-2 are one pass and 3-5 the next, each training every row once (as TRL's
+    RepeatSampler), in an order seeded per pass, or the file's order with train.shuffle false. (Before: each epoch
+    drew its prompts independently, so in 3 epochs rows 5, 7, 9 and 10 trained twice and 0, 3, 8 and 11 never.) A
+    second runner, as a resumed run, draws the same prompts for the later epochs."""
+    from jaxcore.rewards.file_tasks import dataset_task
+    from jaxcore.runtime.runner import Runner
+
+    rows = [{"prompt": f"p{i}"} for i in range(12)]
+    task = dataset_task(rows, rows[:2], {}, {})
+
+    cfg = ESConfig()
+    t = cfg.train
+    t.epochs, t.eval_every, t.checkpoint_every, t.out_dir, t.shuffle = 6, -1, -1, str(tmp_path / "out"), shuffle
+    t.progress = t.tensorboard = False
+    cfg.rollout.prompts_per_epoch = 4
+    algorithm = RecordingStub()
+    Runner(cfg, algorithm, task).run()
+    drawn = algorithm.prompts
+    passes = [sum(drawn[:3], []), sum(drawn[3:], [])]
+    assert all(sorted(p) == sorted(r["prompt"] for r in rows) for p in passes)
+    assert (passes[0] != passes[1]) == shuffle
+    if not shuffle:
+        assert passes[0] == [r["prompt"] for r in rows]
+    runner = Runner(cfg, RecordingStub(), task)
+    assert [[e.prompt for e in runner._examples(epoch)] for epoch in (5, 3, 4)] == [drawn[5], drawn[3], drawn[4]]
+
+
 def test_held_out_examples_do_not_depend_on_the_train_seed(tmp_path):
     from jaxcore.runtime.evaluation import EVAL_SEED
     from jaxcore.runtime.runner import Runner

@@ -167,6 +167,16 @@ def test_the_job_follows_the_arguments_as_trl_resolves_them(kwargs):
     assert job.train.tensorboard == ("tensorboard" in theirs.report_to)
 
 
+def test_shuffle_dataset_false_keeps_the_datasets_order():
+    """TRL's RepeatSampler walks the dataset in its own order with shuffle_dataset=False (before: the argument was
+    accepted without effect, and each generation drew its prompts at random)."""
+    assert GRPOConfig(output_dir="x").to_job_config(devices=1, train_rows=16).train.shuffle is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        args = GRPOConfig(output_dir="x", shuffle_dataset=False)
+    assert args.to_job_config(devices=1, train_rows=16).train.shuffle is False
+
+
 def test_the_docs_page_lists_every_argument_as_the_code_handles_it():
     from pathlib import Path
 
