@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxcore.es.config import EggrollConfig  # noqa: F401  (re-exported: `eggroll.EggrollConfig`)
 from jaxcore.es.population import MemberNoise, perturbed_model
 from jaxcore.es.shaping import shape_fitness
-from jaxcore.model import axes
+from jaxcore.model.parameters import is_embedding, is_lm_head, is_token_table
 from jaxcore.model.state import flat_state, variable_at, write_params
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.sharding import factor_specs
@@ -68,16 +68,16 @@ def select_targets(shapes: dict[str, tuple[int, ...]], cfg: EggrollConfig) -> tu
     """The perturbed parameters of a model with these parameter shapes, in sorted path order. With
     `include_lm_head` on a model whose head is tied to its embedding, the shared table is the head."""
     targets = []
-    tied_head = (cfg.include_lm_head and not any(map(axes.is_lm_head, shapes))
-                 and any(map(axes.is_token_table, shapes)))
+    tied_head = (cfg.include_lm_head and not any(map(is_lm_head, shapes))
+                 and any(map(is_token_table, shapes)))
     if tied_head:
         log.warning("es.include_lm_head on a model with tied embeddings: perturbing embed.table, which is both "
                     "the input embedding and the LM head")
     for path in sorted(shapes):
         shape = shapes[path]
-        if axes.is_embedding(path) and not (cfg.include_embeddings or (tied_head and axes.is_token_table(path))):
+        if is_embedding(path) and not (cfg.include_embeddings or (tied_head and is_token_table(path))):
             continue
-        if axes.is_lm_head(path) and not cfg.include_lm_head:
+        if is_lm_head(path) and not cfg.include_lm_head:
             continue
         if len(shape) == 2:
             targets.append(NoiseTarget(path, shape, True))

@@ -7,8 +7,8 @@ import math
 
 from jaxcore.es.config import ESConfig
 from jaxcore.inference.generate import bucket_length
-from jaxcore.model import axes
 from jaxcore.model.config import ModelConfig
+from jaxcore.model.parameters import is_embedding, is_lm_head
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.runtime.memory import (
     OPTIMIZER_COPIES,
@@ -50,7 +50,7 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
     m, pop = model_axis, devices // model_axis
     if targets is None:
         targets = tuple(p for p, s in shapes.items()
-                        if len(s) == 2 and not (axes.is_embedding(p) or axes.is_lm_head(p)))
+                        if len(s) == 2 and not (is_embedding(p) or is_lm_head(p)))
     compute = 0.0
     for path, shape in shapes.items():
         d_in, d_out = split_divisors(path, shape, m, cfg.head_dim) if len(shape) == 2 else (1, 1)

@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcore.model import axes
+from jaxcore.model.parameters import parameter_axes
 from jaxcore.parallel.config import SHARD_MIN_SIZE
 from jaxcore.parallel.meshes import MODEL, POP, replicated
 
@@ -74,7 +75,7 @@ def tensor_parallel_spec(path: str, shape: tuple[int, ...], axis: str, axis_size
     With `head_dim`, attention projections split only between whole heads (`axes.HEAD_AXES`): they stay
     replicated when their head count does not divide by `axis_size` (Gemma 3 270M's single key/value head on a
     model axis of 2), rather than splitting a head's dot product across devices."""
-    names = axes.parameter_axes(path)
+    names = parameter_axes(path)
     offset = len(shape) - len(names)
     dim = next((offset + d for d, name in enumerate(names) if name in TENSOR_PARALLEL_AXES), None)
     if axis_size == 1 or dim is None or offset < 0 or shape[dim] % axis_size:

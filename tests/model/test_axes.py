@@ -4,7 +4,7 @@ family and layout, and the placement rules read those names."""
 import pytest
 
 import jaxcore
-from jaxcore.model import axes
+from jaxcore.model import axes, parameters
 from jaxcore.model.state import flat_state
 from jaxcore.parallel import sharding
 
@@ -18,7 +18,7 @@ def test_every_parameter_declares_its_axes(tiny_dir, family):
     assert set(declared) == set(params)
     for path, value in params.items():
         assert len(declared[path]) == value.ndim, path
-        assert axes.parameter_axes(path) == declared[path], path
+        assert parameters.parameter_axes(path) == declared[path], path
 
 
 def test_the_tensor_parallel_layout_is_a_table_over_the_axes(tiny_dir):
@@ -27,9 +27,9 @@ def test_the_tensor_parallel_layout_is_a_table_over_the_axes(tiny_dir):
     model = jaxcore.load_hf(tiny_dir("gpt2"))
     for path, value in flat_state(model).items():
         spec = tuple(sharding.tensor_parallel_spec(path, tuple(value.shape), "model", 2))
-        split = [name for name, entry in zip(axes.parameter_axes(path), spec) if entry]
-        expected = [name for name in axes.parameter_axes(path) if name in sharding.TENSOR_PARALLEL_AXES]
+        split = [name for name, entry in zip(parameters.parameter_axes(path), spec) if entry]
+        expected = [name for name in parameters.parameter_axes(path) if name in sharding.TENSOR_PARALLEL_AXES]
         assert split == expected[:1], (path, spec)
-    assert axes.is_embedding("pos_embed.table") and axes.is_embedding("embed.table")
-    assert axes.is_lm_head("lm_head.kernel") and not axes.is_lm_head("blocks.0.mlp.down.kernel")
-    assert axes.parameter_axes("blocks.body.attn.q.kernel") == (axes.EMBED, axes.HEADS)   # the scanned layout
+    assert parameters.is_embedding("pos_embed.table") and parameters.is_embedding("embed.table")
+    assert parameters.is_lm_head("lm_head.kernel") and not parameters.is_lm_head("blocks.0.mlp.down.kernel")
+    assert parameters.parameter_axes("blocks.body.attn.q.kernel") == (axes.EMBED, axes.HEADS)   # the scanned layout
