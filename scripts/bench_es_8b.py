@@ -36,7 +36,7 @@ from jaxcore.es import eggroll  # noqa: E402
 from jaxcore.es.algorithm import compute_model  # noqa: E402
 from jaxcore.es.memory import plan_es
 from jaxcore.inference.generate import generate  # noqa: E402
-from jaxcore.model.config import config_from_hf  # noqa: E402
+from jaxcore.model.families import config_from_hf  # noqa: E402
 from jaxcore.model.transformer import create_model  # noqa: E402
 from jaxcore.parallel import meshes
 from jaxcore.runtime.memory import GB, refusal  # noqa: E402

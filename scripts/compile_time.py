@@ -31,7 +31,7 @@ from jaxcore.hf.tiny import hf_config
 from jaxcore.inference import generate as generation
 from jaxcore.inference.generate import bucket_length, generate
 from jaxcore.inference.sampling import SamplingConfig
-from jaxcore.model.config import config_from_hf
+from jaxcore.model.families import config_from_hf
 from jaxcore.model.transformer import create_model
 from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
 

@@ -43,7 +43,7 @@ def measure(preset: str, layers: int, s: dict[str, int]) -> dict[str, Any]:
     from jaxcore.grpo.learner import GRPOLearner
     from jaxcore.hf.tiny import preset_config
     from jaxcore.inference.generate import generate
-    from jaxcore.model.config import config_from_hf
+    from jaxcore.model.families import config_from_hf
     from jaxcore.model.transformer import create_model
     from jaxcore.runtime.optim import OptimizerConfig, make_optimizer
     from jaxcore.runtime.programs import ledger

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxcore.config.yaml_config import load_config
     from jaxcore.errors import UserError
     from jaxcore.hf.convert import read_json_config
-    from jaxcore.model.config import config_from_hf
+    from jaxcore.model.families import config_from_hf
     from jaxcore.outputs import check_output, write_text
     from jaxcore.runtime.memory import refusal
     from jaxcore.runtime.plan_check import hf_config_at, parse_bytes, prompt_tokens_of

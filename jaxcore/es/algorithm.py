@@ -21,7 +21,7 @@ import numpy as np
 from jaxcore.es import eggroll
 from jaxcore.es.config import ESConfig
 from jaxcore.es.memory import plan_job
-from jaxcore.model.config import config_from_hf
+from jaxcore.model.families import config_from_hf
 from jaxcore.model.state import flat_state, module_copy, write_params
 from jaxcore.parallel import meshes, sharding
 from jaxcore.parallel.config import SHARD_MIN_SIZE
@@ -183,7 +183,12 @@ class EggrollAlgorithm(Algorithm):
             scores = self.rollout.score(out, scorer)
             rewards = scores.rewards_B.reshape(n, p, g)
             fitness_N = member_fitness(rewards, es.shaping)
+        failed = scores.every_call_failed()
+        if failed is not None:              # nothing to learn from: a bad step, not an update on fallbacks
+            return StepResult({**{f"rewards/{k}/failures": v for k, v in scores.failures.items()},
+                               **clock.metrics()}, skipped=True, reason=failed)
         metrics: dict[str, Any] = {
+            **scores.metrics,                                   # the reward functions' log_metric values (TRL's)
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_max": float(rewards.max()),
             "fitness_std": float(fitness_N.std()), "completions/mean_length": float(np.mean(scores.lengths_B)),
             "num_tokens": int(scores.lengths_B.sum()),
@@ -202,6 +207,6 @@ class EggrollAlgorithm(Algorithm):
         completions = None
         if self.cfg.train.log_completions:          # every member's rows (member-major); ES has no advantage per row
             completions = CompletionLog.of_rollout(self.tokenizer, out.result, out.row_examples, scores.per_function,
-                                                   None, out.messages)
+                                                   None, out.messages, scores.columns)
         return StepResult(metrics, skipped=update["skipped"], reason="non-finite update" if update["skipped"] else "",
                           completions=completions)

@@ -43,7 +43,8 @@ from jaxcore.hf.mapping import (  # noqa: F401  (TensorMap, tensor_maps, hf_to_p
     params_to_hf,
     tensor_maps,
 )
-from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
+from jaxcore.model.config import ConfigError, ModelConfig
+from jaxcore.model.families import config_from_hf
 from jaxcore.model.hf_schema import check_hf_config
 from jaxcore.model.state import flat_state
 from jaxcore.model.transformer import Transformer, abstract_model

@@ -35,7 +35,8 @@ from jaxcore.hf.convert import (
     load_params_into,
     sharding_function,
 )
-from jaxcore.model.config import ConfigError, config_from_hf
+from jaxcore.model.config import ConfigError
+from jaxcore.model.families import config_from_hf
 from jaxcore.model.hf_schema import check_hf_config
 from jaxcore.model.state import flat_state
 from jaxcore.model.transformer import Transformer, abstract_model

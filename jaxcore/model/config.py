@@ -81,10 +81,3 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
-
-def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """A ModelConfig from a parsed HF config.json, by its family (`jaxcore.model.families`), or a ConfigError
-    naming the problem."""
-    from jaxcore.model.families import config_from_hf as parse
-
-    return parse(hf)

@@ -14,7 +14,8 @@ import numpy as np
 from jaxcore.errors import UserError
 from jaxcore.hf.convert import read_json_config
 from jaxcore.hf.model_checkpoint import read_meta
-from jaxcore.model.config import ConfigError, ModelConfig, config_from_hf
+from jaxcore.model.config import ConfigError, ModelConfig
+from jaxcore.model.families import config_from_hf
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.memory import DEFAULT_PROMPT_TOKENS, refusal
 from jaxcore.runtime.rollout import Rollout

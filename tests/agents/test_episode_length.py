@@ -13,7 +13,7 @@ from jaxcore.es.config import ESConfig
 from jaxcore.grpo import memory as grpo_memory
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.convert import read_json_config
-from jaxcore.model.config import config_from_hf
+from jaxcore.model.families import config_from_hf
 from jaxcore.runtime.config import RolloutConfig
 
 TURN, EPISODE = 16, 256

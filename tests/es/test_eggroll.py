@@ -164,7 +164,7 @@ def abstract_llama(layers: int):
     from flax import nnx
 
     from jaxcore.hf.tiny import hf_config
-    from jaxcore.model.config import config_from_hf
+    from jaxcore.model.families import config_from_hf
     from jaxcore.model.transformer import Transformer
 
     config = config_from_hf(hf_config("llama", "tiny", vocab_size=259, layers=layers).to_dict())

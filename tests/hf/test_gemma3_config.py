@@ -3,7 +3,7 @@
 import pytest
 
 from jaxcore.errors import ConfigError
-from jaxcore.model.config import config_from_hf
+from jaxcore.model.families import config_from_hf
 
 # A transformers 4.x Gemma 3 text config (as the 4B model's text tower was published): global RoPE with linear
 # scaling, the local base as rope_local_base_freq, the pattern as sliding_window_pattern, no layer_types.

@@ -36,7 +36,7 @@ from jaxcore.grpo import memory as grpo_memory
 from jaxcore.inference import generate as generation
 from jaxcore.inference.generate import bucket_length
 from jaxcore.inference.sampling import SamplingConfig
-from jaxcore.model.config import config_from_hf
+from jaxcore.model.families import config_from_hf
 from jaxcore.model.state import flat_state, variable_at
 from jaxcore.model.transformer import abstract_model
 from jaxcore.parallel import meshes, sharding
