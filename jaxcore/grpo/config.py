@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Interval
 
@@ -65,6 +65,31 @@ class GRPOLossConfig:
         """Raise ConfigValueError for a setting outside its declared range (`jaxcore.config.schema`); a
         subclass adds the rules between its fields."""
         check(self)
+
+
+LOSS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
+
+
+class _WithLossDefaults:
+    """A duck-typed loss config read with TRL's defaults (`GRPOLossConfig`'s) for the loss settings it lacks."""
+
+    def __init__(self, cfg: Any) -> None:
+        self._cfg = cfg
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._cfg, name)
+        except AttributeError:
+            if name in LOSS_DEFAULTS:
+                return LOSS_DEFAULTS[name]
+            raise
+
+
+def loss_settings(cfg: Any) -> Any:
+    """`cfg` with every loss setting: a `GRPOLossConfig` as is; any other object with the loss settings' names
+    (e.g. TRL's flat config, as parity_tests check) read with TRL's default for each one it lacks. The loss
+    (`jaxcore.grpo.loss`) reads its config through this and hands it on to the loss type's term."""
+    return cfg if isinstance(cfg, GRPOLossConfig | _WithLossDefaults) else _WithLossDefaults(cfg)
 
 
 @dataclasses.dataclass

@@ -14,14 +14,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcore.grpo.loss_types import clip_range, loss_kind, option
+from jaxcore.grpo.config import loss_settings
+from jaxcore.grpo.loss_types import clip_range, loss_kind
 
 Array = jax.Array
 
 def entropy_bonus_enabled(cfg: Any) -> bool:
     """Whether the loss has the entropy bonus term: a non-zero entropy_coef, or the adaptive controller (whose
     coefficient may sink to 0 and rise again: TRL's `_entropy_bonus_enabled`)."""
-    return option(cfg, "entropy_coef") != 0.0 or bool(option(cfg, "use_adaptive_entropy"))
+    cfg = loss_settings(cfg)
+    return cfg.entropy_coef != 0.0 or bool(cfg.use_adaptive_entropy)
 
 
 def adapted_entropy_coef(coef: Array, window_entropy: Array, cfg: Any) -> Array:
@@ -96,21 +98,23 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     needed by it only. `entropy_coef` (default: the config's) is the bonus's coefficient this step, a traced value
     under `use_adaptive_entropy` (`entropy_bonus_enabled`: the bonus term is then always in the loss); the bonus's
     token entropy sum and count are in the metrics (`entropy_sum`, `entropy_tokens`) for the controller.
-    Masked positions are zeroed before any exp, so junk log-probs there cannot produce inf/NaN.
+    Masked positions are zeroed before any exp, so junk log-probs there cannot produce inf/NaN. `cfg`: a
+    `GRPOLossConfig`, or any object with its names (TRL's defaults for those it lacks: `config.loss_settings`).
     """
+    cfg = loss_settings(cfg)
     mask_BT = jnp.asarray(mask_BT).astype(bool)
     logp_BT = logp_BT.astype(jnp.float32)
     old_logp_BT = jax.lax.stop_gradient(logp_BT) if old_logp_BT is None else old_logp_BT.astype(jnp.float32)
     advantages_B1 = jnp.asarray(advantages_B, jnp.float32)[:, None]
-    quantile = option(cfg, "top_entropy_quantile")
+    quantile = cfg.top_entropy_quantile
     bonus = entropy_bonus_enabled(cfg)
-    entropy_coef = option(cfg, "entropy_coef") if entropy_coef is None else entropy_coef
+    entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     if entropy_BT is None and (quantile < 1.0 or bonus):
         raise ValueError("top_entropy_quantile < 1 and entropy_coef != 0 need entropy_BT")
     entropy_mask_BT = high_entropy_mask(entropy_BT, mask_BT, quantile) if quantile < 1.0 else None
 
     log_ratio_BT = jnp.where(mask_BT, logp_BT - old_logp_BT, 0.0)
-    if option(cfg, "importance_sampling_level") == "sequence":
+    if cfg.importance_sampling_level == "sequence":
         log_weight = log_ratio_BT.sum(-1, keepdims=True) / jnp.maximum(mask_BT.sum(-1, keepdims=True), 1.0)
     else:
         log_weight = log_ratio_BT
@@ -121,7 +125,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
         if ref_logp_BT is None:
             raise ValueError("beta != 0 needs ref_logp_BT (log-probs of the reference model)")
         kl_BT = k3_kl(jnp.where(mask_BT, logp_BT, 0.0), jnp.where(mask_BT, ref_logp_BT.astype(jnp.float32), 0.0))
-        if option(cfg, "use_bias_correction_kl"):
+        if cfg.use_bias_correction_kl:
             kl_BT = kl_BT * coef_1
         metrics["kl"] = masked_mean(jax.lax.stop_gradient(kl_BT), mask_BT)
 
@@ -129,7 +133,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     kind = loss_kind(cfg.loss_type)
     per_token, ratio, extra = kind.term(safe_logp_BT, coef_1, log_ratio_BT, advantages_B1, mask_BT, cfg)
     per_token_BT = jnp.broadcast_to(per_token, mask_BT.shape)
-    threshold = option(cfg, "off_policy_mask_threshold")
+    threshold = cfg.off_policy_mask_threshold
     if threshold is not None:
         per_token_BT = per_token_BT * off_policy_mask(advantages_B1, logp_BT, old_logp_BT, mask_BT, threshold)
     if entropy_mask_BT is not None:
@@ -144,7 +148,7 @@ def grpo_loss(logp_BT: Array, old_logp_BT: Array | None, ref_logp_BT: Array | No
     if bonus:
         bonus_mask_BT = mask_BT if entropy_mask_BT is None else entropy_mask_BT
         loss = loss - entropy_coef * masked_mean(entropy_BT, bonus_mask_BT) / accumulation_steps
-        if option(cfg, "use_adaptive_entropy"):
+        if cfg.use_adaptive_entropy:
             metrics["entropy_sum"] = jnp.where(bonus_mask_BT, jax.lax.stop_gradient(entropy_BT), 0.0).sum()
             metrics["entropy_tokens"] = bonus_mask_BT.sum().astype(jnp.float32)
 

@@ -1,7 +1,8 @@
 """GRPO's loss types by name (TRL 1.16's `loss_type`), one registry entry each: the per-token policy term, how the
 per-token loss reduces to a scalar, and whether the type clips PPO-style (and so logs the clip ratios). The
 config's `LossType`, the loss (`jaxcore.grpo.loss`) and docs/grpo.md's table all read `LOSS_KINDS`; a new type is one
-entry here.
+entry here. A term reads its settings as attributes of the config the loss hands it, which has every loss setting
+(`jaxcore.grpo.config.loss_settings`): this module sits below the config, which derives `LossType` from it.
 
 Shapes: B completions, T completion-token positions; a term may be per row ([B, 1]).
 """
@@ -9,7 +10,6 @@ Shapes: B completions, T completion-token positions; a term may be per row ([B, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,19 +19,6 @@ import jax.numpy as jnp
 
 Array = jax.Array
 Term = Callable[[Array, Array, Array, Array, Array, Any], "tuple[Array, Array, dict[str, Array]]"]
-
-
-@functools.cache
-def _defaults() -> dict[str, Any]:
-    from jaxcore.grpo.config import GRPOLossConfig  # the config derives LossType from this module: import on use
-
-    return {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
-
-
-def option(cfg: Any, name: str) -> Any:
-    """`cfg.name`, or TRL's default (`GRPOLossConfig`'s) when a duck-typed config lacks it (the loss takes
-    any object with the loss settings' names, e.g. TRL's flat config, as parity_tests check)."""
-    return getattr(cfg, name, _defaults()[name])
 
 
 def upper_epsilon(cfg: Any) -> float:
@@ -52,8 +39,8 @@ def clipped_term(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, advantages_
     """PPO's -min(ratio * A, clip(ratio) * A), the ratio capped at `delta` when set (two-sided clipping)."""
     low, up = clip_range(cfg)
     coef_2 = jnp.clip(coef_1, low, up)
-    if option(cfg, "delta") is not None:
-        coef_1 = jnp.minimum(coef_1, option(cfg, "delta"))
+    if cfg.delta is not None:
+        coef_1 = jnp.minimum(coef_1, cfg.delta)
     return -jnp.minimum(coef_1 * advantages_B1, coef_2 * advantages_B1), coef_1, {}
 
 
@@ -69,7 +56,7 @@ def cispo_term(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, advantages_B1
 def sapo_term(logp_BT: Array, coef_1: Array, log_ratio_BT: Array, advantages_B1: Array, mask_BT: Array,
               cfg: Any) -> tuple[Array, Array, dict[str, Array]]:
     """The soft gate 4 / tau * sigmoid(tau * (ratio - 1)) times A (tau per the advantage's sign)."""
-    temp_B1 = jnp.where(advantages_B1 > 0, option(cfg, "sapo_temperature_pos"), option(cfg, "sapo_temperature_neg"))
+    temp_B1 = jnp.where(advantages_B1 > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)
     return -jax.nn.sigmoid(temp_B1 * (coef_1 - 1.0)) * 4.0 / temp_B1 * advantages_B1, coef_1, {}
 
 
@@ -79,8 +66,8 @@ def vespo_weights(advantages_B1: Array, log_ratio_BT: Array, mask_BT: Array, cfg
     seq_log_ratio_B1 = jnp.where(mask_BT, jnp.clip(log_ratio_BT, -20.0, 20.0), 0.0).sum(-1, keepdims=True)
     log_w_B1 = jnp.clip(seq_log_ratio_B1, lower, 20.0)
     nonneg_B1 = advantages_B1 >= 0
-    k_B1 = jnp.where(nonneg_B1, option(cfg, "vespo_k_pos"), option(cfg, "vespo_k_neg"))
-    lam_B1 = jnp.maximum(jnp.where(nonneg_B1, option(cfg, "vespo_lambda_pos"), option(cfg, "vespo_lambda_neg")), 1e-4)
+    k_B1 = jnp.where(nonneg_B1, cfg.vespo_k_pos, cfg.vespo_k_neg)
+    lam_B1 = jnp.maximum(jnp.where(nonneg_B1, cfg.vespo_lambda_pos, cfg.vespo_lambda_neg), 1e-4)
     phi_B1 = jnp.exp(lam_B1 + k_B1 * log_w_B1 - lam_B1 * jnp.exp(log_w_B1))
     return jax.lax.stop_gradient(jnp.nan_to_num(phi_B1, nan=0.0, posinf=0.0, neginf=0.0))
 

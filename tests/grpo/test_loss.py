@@ -254,3 +254,16 @@ def test_a_loss_type_is_one_registry_entry(monkeypatch):
     assert loss_types.loss_types_markdown() in readme
     with pytest.raises(ValueError, match="unknown loss_type 'nope'"):
         loss_types.loss_kind("nope")
+
+
+@pytest.mark.parametrize("loss_type", ["sapo", "vespo", "dapo"])
+def test_a_duck_typed_config_is_read_with_trls_defaults(loss_type):
+    """The loss takes any object with the loss settings' names (TRL's flat config): a setting it lacks (the
+    sapo/vespo parameters, delta, the entropy options) is GRPOLossConfig's default, so the loss is the config's."""
+    import types
+
+    duck = types.SimpleNamespace(loss_type=loss_type, beta=0.0, epsilon=0.2, epsilon_high=0.28)
+    ours = grpo_loss(LOGP, OLD, None, ADV, MASK, GRPOLossConfig(loss_type=loss_type, epsilon_high=0.28))
+    theirs = grpo_loss(LOGP, OLD, None, ADV, MASK, duck)
+    np.testing.assert_allclose(float(theirs[0]), float(ours[0]), rtol=1e-6)
+    assert set(theirs[1]) == set(ours[1])
