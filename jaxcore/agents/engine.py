@@ -41,6 +41,7 @@ from flax import nnx
 from jaxcore.agents.agent import Agent, observed_prompt
 from jaxcore.agents.calls import call_in_thread
 from jaxcore.agents.environments import reset_kwargs
+from jaxcore.agents.episodes import Episodes, left_pad
 from jaxcore.agents.messages import assistant_message, turn_calls
 from jaxcore.agents.rollout_function import RolloutFunction
 from jaxcore.errors import PromptLengthError
@@ -67,68 +68,12 @@ CHUNK_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)     # tool-result chunks ap
 # ----------------------------------------------------------------------------------------------- episodes
 
 
-@dataclasses.dataclass
-class Episodes:
-    """A batch of finished episodes (host arrays but `result`, which is placed like a `generate` result)."""
-
-    prompt_ids_BT: np.ndarray
-    prompt_mask_BT: np.ndarray
-    result: GenerationResult          # completion tokens [B, E] (model + tool tokens), logprobs (0 off the model's)
-    model_mask_BE: np.ndarray         # 1 where the model generated the token (TRL's tool_mask)
-    env_rewards: dict[str, np.ndarray]   # get_reward per environment class, NaN for other rows and failures
-    env_reward_failures: dict[str, int]
-    tool_calls_B: np.ndarray
-    tool_failures_B: np.ndarray
-    turns_B: np.ndarray
-    hit_limit_B: np.ndarray           # bool: the episode was cut by max_episode_tokens
-    prompts_truncated: int = 0
-    # every row's environment instance (None for the rows another process runs); None without environments
-    instances: list[Any] | None = None
-    # every row's completion as TRL's message list (`jaxcore.agents.messages`; empty for another process's rows)
-    messages: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
-    # every row's prompt with its reset() text, as TRL passes it to the reward functions (own rows; others as given)
-    reward_prompts: list[Any] = dataclasses.field(default_factory=list)
-    # every row's further reward-function columns (a rollout_func's extra keys); empty: none
-    columns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    def scoring(self) -> dict[str, Any]:
-        """What `runtime.rollout.score_rows` takes of the episodes besides their tokens: the environments' rewards,
-        the instances (TRL's `environments=`), the completions' messages, the prompts as the model saw them and
-        further columns."""
-        return {"extra": self.env_rewards, "environments": self.instances, "messages": self.messages or None,
-                "prompts": self.reward_prompts, "columns": self.columns or None}
-
-    def metrics(self) -> dict[str, float]:
-        """Turn/tool/length statistics (TRL's tools/call_frequency and tools/failure_frequency among them)."""
-        lengths = np.asarray(gather_rows(self.result.lengths))
-        model = self.model_mask_BE.sum(1)
-        calls = int(self.tool_calls_B.sum())
-        return {"tools/call_frequency": float(self.tool_calls_B.mean()),
-                "tools/failure_frequency": float(self.tool_failures_B.sum() / calls) if calls else 0.0,
-                "tools/failures": int(self.tool_failures_B.sum()),
-                "episodes/turns_mean": float(self.turns_B.mean()), "episodes/turns_max": int(self.turns_B.max()),
-                "episodes/length_mean": float(lengths.mean()), "episodes/length_max": int(lengths.max()),
-                "episodes/model_tokens_mean": float(model.mean()),
-                "episodes/external_tokens_mean": float((lengths - model).mean()),
-                "episodes/hit_token_limit": int(self.hit_limit_B.sum()),
-                **{f"rewards/{k}/failures": v for k, v in self.env_reward_failures.items()}}
-
-
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def _extend(model: nnx.Module, cache: KVCache, ids_BS: jax.Array, positions_BS: jax.Array, valid_BS: jax.Array,
             index: jax.Array) -> tuple[jax.Array, KVCache]:
     """Write a chunk of appended tokens after the cache's filled slots; the logits after each row's last one."""
     logits_B1V, cache = model.forward_cached(ids_BS, positions_BS, valid_BS, cache, index, last_only=True)
     return logits_B1V[:, 0], cache
-
-
-def _left_pad(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(rows), width), pad, np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for i, row in enumerate(rows):
-        if len(row):
-            ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
-    return ids, mask
 
 
 def owned_row_mask(b: int, row_sharding: Any) -> np.ndarray:
@@ -192,7 +137,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
     if budget >= limit.max_positions:
         raise PromptLengthError(f"rollout.max_episode_tokens {budget} leaves no room for a prompt in the model's "
                                 f"{limit.max_positions} positions")
-    ids_BT, mask_BT = _left_pad(encoded, prompt_bucket(max(len(x) for x in encoded)), pad_token_id)
+    ids_BT, mask_BT = left_pad(encoded, prompt_bucket(max(len(x) for x in encoded)), pad_token_id)
     ids_BT, mask_BT, truncated = limit_prompts(ids_BT, mask_BT, limit, budget)
     prompts = [row[m.astype(bool)].tolist() for row, m in zip(ids_BT, mask_BT)]
 
@@ -219,7 +164,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
         """One prefill of every row's whole sequence so far; returns logits, a cache with `extra_slots` free
         slots after it, and the first free slot."""
         width = prompt_bucket(max(len(p) + len(c) for p, c in zip(prompts, completion)))
-        ids, mask = _left_pad([p + c for p, c in zip(prompts, completion)], width, pad_token_id)
+        ids, mask = left_pad([p + c for p, c in zip(prompts, completion)], width, pad_token_id)
         logits, cache = prefill(model, place(ids), place(mask), cache_length=width + extra_slots)
         return logits, cache, width
 
@@ -317,7 +262,7 @@ def run_episodes(agent: Agent, model: Any, tokenizer: Any, examples: Sequence[Ex
         tokens_BE[r, :n], logp_BE[r, :n], model_mask_BE[r, :n] = completion[r], logprobs[r], from_model[r]
     lengths = np.array([len(c) for c in completion], np.int32)
     result = GenerationResult(place(tokens_BE), place(logp_BE), place(lengths), place(ended_with_eos))
-    prompt_ids, prompt_mask = _left_pad(prompts, ids_BT.shape[1], pad_token_id)
+    prompt_ids, prompt_mask = left_pad(prompts, ids_BT.shape[1], pad_token_id)
     return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, env_rewards, env_failures, calls_B,
                     failures_B, turns_B, hit_limit_B, truncated, instances if envs is not None else None, messages,
                     reward_prompts)

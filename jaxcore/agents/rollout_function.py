@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxcore.agents.episodes import Episodes, left_pad
 from jaxcore.errors import TaskError
 from jaxcore.hf.tokenization import apply_chat_template, is_conversation
 from jaxcore.inference.generate import GenerationResult, place_rows
@@ -58,8 +59,6 @@ class RolloutFunction:
     def episodes(self, model: Any, tokenizer: Any, examples: Sequence[Example], *, pad_token_id: int,
                  eos_token_ids: Sequence[int], row_sharding: Any = None) -> Any:
         """Call the function on every row's prompt (a copy, as TRL passes) and lay its ids out as `Episodes`."""
-        from jaxcore.agents.engine import Episodes, _left_pad
-
         if jax.process_count() > 1:
             raise TaskError("rollout_func runs in one process only: jaxcore calls it once for every row of the "
                             "rollout, and several processes would each get different completions")
@@ -89,7 +88,7 @@ class RolloutFunction:
         place = functools.partial(place_rows, row_sharding=row_sharding)
         result = GenerationResult(place(tokens_BE), place(np.zeros((b, budget), np.float32)), place(lengths_B),
                                   place(finished_B))
-        prompt_ids, prompt_mask = _left_pad(prompts, width, pad_token_id)
+        prompt_ids, prompt_mask = left_pad(prompts, width, pad_token_id)
         zeros = np.zeros(b, np.int64)
         columns = [{k: v[r] for k, v in rows["columns"].items()} for r in range(b)]
         return Episodes(prompt_ids, prompt_mask, result, model_mask_BE, {}, {}, zeros, zeros, np.ones(b, np.int64),

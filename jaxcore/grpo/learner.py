@@ -101,6 +101,7 @@ class GRPOLearner:
             model = layer_stack.scanned(model)
         self.graphdef, base, self.rest = nnx.split(model, nnx.Param, ...)
         base = nnx.to_pure_dict(base)
+        abstract = is_abstract(base)            # shapes only: the learner makes programs and holds no weights
         self.optimizer = make_optimizer(cfg.optimizer, cfg.total_steps, decay_mask=layer_stack.layer_matrices)
         self.batch_axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.axis_names)
         self.micro_sharding = None
@@ -108,22 +109,23 @@ class GRPOLearner:
             self.micro_sharding = NamedSharding(mesh, P(None, self.batch_axes))
             shardings = (fsdp_layer_shardings(base, mesh, fsdp_min_size) if FSDP in mesh.axis_names
                          else jax.tree.map(lambda _: replicated(mesh), base))
-            base = jax.device_put(base, shardings)
+            base = placed(base, shardings, abstract)
         if adapters is None:
             params, self.frozen = base, None
         else:
             params = self.to_training_layout(adapters)
             if mesh is not None:
-                params = jax.device_put(params, replicated(mesh))
+                params = placed(params, jax.tree.map(lambda _: replicated(mesh), params), abstract)
             self.frozen = base
         opt_shardings = None if mesh is None else optimizer_state_shardings(self.optimizer, params, mesh)
-        opt_state = jax.jit(self.optimizer.init, out_shardings=opt_shardings)(params)   # moments like the params
-        step0 = jnp.zeros((), jnp.int32) if mesh is None else jax.device_put(jnp.zeros((), jnp.int32),
-                                                                             replicated(mesh))
+        opt_state = initialised(self.optimizer.init, params, opt_shardings)     # moments like the params
+        step0 = jnp.zeros((), jnp.int32)
+        if mesh is not None:
+            step0 = placed(step0, replicated(mesh), abstract)
         control = (jnp.asarray([cfg.grpo.entropy_coef, jnp.inf], jnp.float32) if cfg.grpo.use_adaptive_entropy
                    else None)                     # TRL's controller: no bonus before a step's entropy is known
         if control is not None and mesh is not None:
-            control = jax.device_put(control, replicated(mesh))
+            control = placed(control, replicated(mesh), abstract)
         self.state = TrainState(step0, params, opt_state, control)
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state) if mesh is not None else None
         self.state_shardings = state_shardings
@@ -203,12 +205,13 @@ class GRPOLearner:
 
     def _init_ref(self, ref_model: RefModel, base: Params) -> tuple[nnx.GraphDef, Params, nnx.State]:
         if ref_model is None:
-            return self.graphdef, (base if self.cfg.grpo.lora is not None else jax.tree.map(jnp.copy, base)), self.rest
+            copy = (lambda x: x) if is_abstract(base) else jnp.copy
+            return self.graphdef, (base if self.cfg.grpo.lora is not None else jax.tree.map(copy, base)), self.rest
         model = ref_model if isinstance(ref_model, Transformer) else ref_model()
         if self.scanned:
             model = layer_stack.scanned(model)
         graphdef, ref_params, rest = nnx.split(model, nnx.Param, ...)
-        ref_params = jax.tree.map(lambda x, p: jax.device_put(x, p.sharding), nnx.to_pure_dict(ref_params), base)
+        ref_params = placed(nnx.to_pure_dict(ref_params), jax.tree.map(lambda p: p.sharding, base), is_abstract(base))
         return graphdef, ref_params, rest
 
     def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, input_ids_BT: jax.Array,
@@ -359,6 +362,27 @@ class GRPOLearner:
                 if not finite(steps[-1]):
                     return steps
         return steps
+
+
+def is_abstract(tree: Any) -> bool:
+    """Whether `tree`'s arrays are shapes only (`jax.ShapeDtypeStruct`): a learner made from `abstract_model` holds
+    no weights and only makes programs (e.g. to compile them for other devices: `jaxcore.bench.gpu_compile`)."""
+    return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def placed(tree: Any, shardings: Any, abstract: bool) -> Any:
+    """`jax.device_put(tree, shardings)`, or for an abstract learner the shapes carrying those placements."""
+    if not abstract:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def initialised(init: Callable[[Any], Any], params: Any, shardings: Any) -> Any:
+    """`init(params)` placed at `shardings` (None: where JAX puts it); for abstract params, its shapes."""
+    if not is_abstract(params):
+        return jax.jit(init, out_shardings=shardings)(params)
+    shapes = jax.eval_shape(init, params)
+    return shapes if shardings is None else placed(shapes, shardings, True)
 
 
 def _abstract(tree: Any) -> Any:
