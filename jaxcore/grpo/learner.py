@@ -96,7 +96,10 @@ class GRPOLearner:
             model = lora.frozen_base(model, g.lora)
         self.num_layers = model.config.num_layers
         adapters = None if g.lora is None else peft.init_peft_adapters(model, g.lora, jax.random.key(cfg.train.seed))
+        self.layer_scalings = None if g.lora is None else peft.adapter_scalings(model, g.lora)   # per-layer paths
         self.scanned = cfg.model.scan_layers and self._stackable(adapters)
+        self.scalings = (lora.stacked_scalings(self.layer_scalings, self.num_layers)
+                         if self.scanned and g.lora is not None else self.layer_scalings)
         if self.scanned:
             model = layer_stack.scanned(model)
         self.graphdef, base, self.rest = nnx.split(model, nnx.Param, ...)
@@ -140,11 +143,13 @@ class GRPOLearner:
 
     def _stackable(self, adapters: Any) -> bool:
         """Whether the blocks can train stacked: always without LoRA; with LoRA, when every adapted kind of kernel
-        is adapted on every layer (peft's `layers_to_transform` can pick some)."""
+        is adapted on every layer with one rank and one scaling (exclude_modules, rank_pattern or alpha_pattern can
+        name single layers)."""
         if adapters is None:
             return True
         try:
             jax.eval_shape(lambda a: layer_stack.stack_paths(a, self.num_layers), adapters)
+            lora.stacked_scalings(self.layer_scalings, self.num_layers)
         except ValueError as err:
             log.info("training the layers one by one (no scan): %s", err)
             return False
@@ -155,7 +160,8 @@ class GRPOLearner:
         layout (`scanned`: blocks stacked)."""
         if self.cfg.grpo.lora is None:
             return nnx.merge(self.graphdef, params, self.rest)
-        return lora.lora_model(nnx.merge(self.graphdef, frozen, self.rest), params, self.cfg.grpo.lora, key)
+        return lora.lora_model(nnx.merge(self.graphdef, frozen, self.rest), params, self.cfg.grpo.lora, key,
+                               self.scalings)
 
     # -- between the training layout and the per-layer one ----------------------------------------------------
 
@@ -238,7 +244,8 @@ class GRPOLearner:
         """The policy with plain weights (LoRA: merged, ``w + scaling * a @ b`` in fp32), for `save_hf`."""
         if self.cfg.grpo.lora is None:
             return self.model
-        return lora.merged_model(self._layer_base(), self.to_layer_layout(self.state.params), self.cfg.grpo.lora)
+        return lora.merged_model(self._layer_base(), self.to_layer_layout(self.state.params), self.cfg.grpo.lora,
+                                 scalings=self.layer_scalings)
 
     def save_adapter(self, out_dir: str, base_model_path: str = "") -> Any:
         """Write the LoRA adapters as a peft directory."""

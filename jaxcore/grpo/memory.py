@@ -72,7 +72,7 @@ def saved_per_token(cfg: ModelConfig, seq: int, c: int) -> float:
     return c * (6 * d + 2 * h * e + 4 * k * e + 3 * f) + 4 * (2 * d + 2 * (h + k) * e) + h * seq * scores
 
 
-def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
+def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...] | str) -> list[str]:
     try:
         return sorted(target_paths(SimpleNamespace(config=cfg), LoRAConfig(target_modules=target_modules)))
     except ValueError as err:
@@ -81,7 +81,7 @@ def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...]) -> list[str]:
 
 def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens: int, max_new_tokens: int,
               devices: int, fsdp: int = 1, compute_dtype: str = "float32", beta: float = 0.0,
-              lora_rank: int | None = None, lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
+              lora_rank: int | None = None, lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj"),
               lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
               accumulation: int = 1, scoring: bool = False, device_memory: float | None = None,
               cache_tokens: int | None = None, scan: bool = True) -> MemoryPlan:
@@ -151,8 +151,9 @@ def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, devi
                      prompt_tokens=prompt_tokens_of(grpo_cfg, prompt_tokens), max_new_tokens=r.completion_tokens,
                      cache_tokens=r.cache_tokens,
                      devices=devices, fsdp=g.fsdp, compute_dtype=grpo_cfg.model.dtype, beta=g.beta,
-                     lora_rank=lora.rank if lora else None,
-                     lora_targets=tuple(lora.target_modules) if lora else (),
+                     lora_rank=max([lora.rank, *lora.rank_pattern.values()]) if lora else None,
+                     lora_targets=(lora.target_modules if isinstance(lora.target_modules, str) else
+                                   tuple(lora.target_modules)) if lora else (),
                      lora_base_dtype=lora.base_dtype if lora else None, remat=grpo_cfg.model.remat,
                      micro_batches=g.generation_steps, accumulation=g.gradient_accumulation_steps,
                      scoring=g.beta != 0.0 or grpo_cfg.old_logp_source == "forward", device_memory=device_memory,

@@ -1,5 +1,6 @@
-"""LoRA adapters in peft's terms: targets chosen by HF module name (q_proj, ..., down_proj, or peft's
-"all-linear"), and the adapter directory `peft.PeftModel.from_pretrained` loads (adapter_config.json +
+"""LoRA adapters in peft's terms: targets chosen by HF module name as peft chooses them (q_proj, ..., down_proj,
+a regular expression, or peft's "all-linear"; exclude_modules; ranks and alphas per module from rank_pattern and
+alpha_pattern), and the adapter directory `peft.PeftModel.from_pretrained` loads (adapter_config.json +
 adapter_model.safetensors with peft's key names). The transformation itself is `jaxcore.model.lora`.
 A family may refuse it (`Family.lora_refusal`: GPT-2's fused c_attn Conv1D).
 """
@@ -7,6 +8,8 @@ A family may refuse it (`Family.lora_refusal`: GPT-2's fused c_attn Conv1D).
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -29,23 +32,53 @@ def hf_modules(model: Transformer) -> dict[str, str]:
             if m.kind == "transpose"}
 
 
+def _names(modules: list[str] | set[str], names: Sequence[str] | str | None) -> set[str]:
+    """The HF modules `names` selects by peft's rules: a string is a regular expression over the whole name; a
+    list entry is a whole name or the end of one after a dot."""
+    if names is None:
+        return set()
+    if isinstance(names, str):
+        return {m for m in modules if re.fullmatch(names, m)}
+    return {m for m in modules if m in names or any(m.endswith(f".{n}") for n in names)}
+
+
+def _is_all_linear(targets: Sequence[str] | str) -> bool:
+    return (targets.lower() == ALL_LINEAR) if isinstance(targets, str) else ALL_LINEAR in targets
+
+
 def target_paths(model: Transformer, cfg: LoRAConfig) -> dict[str, str]:
-    """The targeted kernels (peft's matching: a target names the module's last component)."""
+    """The targeted kernels, {path: HF module name}, chosen as peft chooses them: `cfg.exclude_modules` first, then
+    `cfg.target_modules` (each list entry must match some module)."""
     modules = hf_modules(model)
-    if ALL_LINEAR in cfg.target_modules:
-        return {p: m for p, m in modules.items() if not m.endswith("lm_head")}
-    chosen = {p: m for p, m in modules.items() if m.rsplit(".", 1)[-1] in cfg.target_modules}
-    names = {m.rsplit(".", 1)[-1] for m in modules.values()}
-    unknown = set(cfg.target_modules) - names
-    if unknown:
-        raise ValueError(f"lora.target_modules {sorted(unknown)} match no module; choose from {sorted(names)} "
-                         f"or {ALL_LINEAR}")
-    return chosen
+    names = set(modules.values())
+    if _is_all_linear(cfg.target_modules):
+        chosen = {m for m in names if not m.endswith("lm_head")}
+    else:
+        chosen = _names(names, cfg.target_modules)
+        if isinstance(cfg.target_modules, str):
+            unknown = [] if chosen else [cfg.target_modules]
+        else:
+            unknown = sorted(e for e in cfg.target_modules if not _names(names, [e]))
+        if unknown:
+            short = sorted({m.rsplit(".", 1)[-1] for m in names})
+            raise ValueError(f"lora.target_modules {unknown} match no module; choose from {short} or {ALL_LINEAR}")
+    chosen -= _names(names, cfg.exclude_modules)
+    if not chosen:
+        raise ValueError(f"lora.exclude_modules={cfg.exclude_modules!r} leaves no module of lora.target_modules to "
+                         "adapt")
+    return {p: m for p, m in modules.items() if m in chosen}
 
 
 def init_peft_adapters(model: Transformer, cfg: LoRAConfig, key: jax.Array) -> Adapters:
-    """peft-initialised adapters on the kernels `cfg.target_modules` names."""
-    return init_adapters(model, target_paths(model, cfg), cfg, key)
+    """peft-initialised adapters on the kernels `cfg.target_modules` names, each of its module's rank
+    (`cfg.rank_pattern`)."""
+    targets = target_paths(model, cfg)
+    return init_adapters(model, targets, cfg, key, {p: cfg.rank_of(m) for p, m in targets.items()})
+
+
+def adapter_scalings(model: Transformer, cfg: LoRAConfig) -> dict[str, float]:
+    """{kernel path: alpha / rank} of every targeted kernel, from its module's patterns (peft's `scaling`)."""
+    return {p: cfg.scaling_of(m) for p, m in target_paths(model, cfg).items()}
 
 
 def adapter_tensors(base: Transformer, adapters: Adapters) -> dict[str, np.ndarray]:
@@ -60,13 +93,22 @@ def adapter_tensors(base: Transformer, adapters: Adapters) -> dict[str, np.ndarr
 
 
 def adapter_config(base: Transformer, adapters: Adapters, cfg: LoRAConfig, base_model_path: str = "") -> dict:
-    """A peft LoraConfig (as adapter_config.json) for these adapters."""
+    """A peft LoraConfig (as adapter_config.json) for these adapters. target_modules lists the adapted modules'
+    last names where peft, with exclude_modules, selects exactly those modules from them, else their whole
+    names; rank_pattern and alpha_pattern are as given (peft matches them against the same names)."""
     modules = hf_modules(base)
-    targets = sorted({modules[p].rsplit(".", 1)[-1] for p in adapters})
+    adapted = {modules[p] for p in adapters}
+    targets = sorted({m.rsplit(".", 1)[-1] for m in adapted})
+    names = set(modules.values())
+    if _names(names, targets) - _names(names, cfg.exclude_modules) != adapted:
+        targets = sorted(adapted)
+    exclude = cfg.exclude_modules if cfg.exclude_modules is None or isinstance(cfg.exclude_modules, str) \
+        else sorted(cfg.exclude_modules)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.rank, "lora_alpha": cfg.alpha,
-            "lora_dropout": cfg.dropout, "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
-            "modules_to_save": None, "base_model_name_or_path": base_model_path}
+            "lora_dropout": cfg.dropout, "target_modules": targets, "exclude_modules": exclude,
+            "rank_pattern": dict(cfg.rank_pattern), "alpha_pattern": dict(cfg.alpha_pattern), "bias": "none",
+            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "init_lora_weights": True,
+            "inference_mode": True, "modules_to_save": None, "base_model_name_or_path": base_model_path}
 
 
 def save_adapter(base: Transformer, adapters: Adapters, cfg: LoRAConfig, out_dir: str | Path,

@@ -19,9 +19,12 @@ from jaxcore.trl.callbacks import observer as callback_observer
 from jaxcore.trl.config import GRPOConfig
 from jaxcore.trl.flat_arguments import strategy
 
-PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
-PEFT_DEFAULTS_KEPT = {"bias": "none", "use_rslora": False, "use_dora": False, "modules_to_save": None,
-                      "layers_to_transform": None, "fan_in_fan_out": False, "init_lora_weights": True}
+PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout",
+               "rank_pattern": "rank_pattern", "alpha_pattern": "alpha_pattern", "exclude_modules": "exclude_modules"}
+# LoraConfig fields that do not change what is trained: names, versions, where it came from, GPU offload, and settings
+# read only with a refused one (megatron_core with megatron_config, qalora_group_size with use_qalora)
+PEFT_DESCRIPTIVE = ("task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision",
+                    "runtime_config", "megatron_core", "qalora_group_size")
 
 
 class TrainOutput(NamedTuple):
@@ -246,20 +249,29 @@ def data_parallel_devices() -> int:
 
 
 def lora_config(peft_config: Any) -> LoRAConfig:
-    """peft's `LoraConfig` as jaxcore's (r, lora_alpha, target_modules, lora_dropout); a setting jaxcore does not
-    implement (bias, rsLoRA, DoRA, modules_to_save, ...) is a one-line ValueError."""
-    refused = [f"{name}={getattr(peft_config, name)!r}" for name, default in PEFT_DEFAULTS_KEPT.items()
-               if getattr(peft_config, name, default) not in (default,) and not (
-                   name == "init_lora_weights" and getattr(peft_config, name) is True)]
+    """peft's `LoraConfig` as jaxcore's: `PEFT_FIELDS` with peft's meaning (its matching of module names and
+    patterns: `jaxcore.hf.peft`); any other setting away from peft's default (bias, rsLoRA, DoRA, lora_bias,
+    layer_replication, trainable_token_indices, target_parameters, inference_mode, ...) is a one-line ValueError."""
+    if not dataclasses.is_dataclass(peft_config) or getattr(peft_config, "peft_type", None) != "LORA":
+        raise ValueError(f"peft_config: jaxcore trains LoRA adapters (a peft LoraConfig), got "
+                         f"{type(peft_config).__name__}")
+    default = type(peft_config)()
+    refused = [f"{f.name}={getattr(peft_config, f.name)!r}" for f in dataclasses.fields(peft_config)
+               if f.name not in (*PEFT_FIELDS, *PEFT_DESCRIPTIVE)
+               and getattr(peft_config, f.name) != getattr(default, f.name)]
     if refused:
         raise ValueError(f"peft_config: not supported by jaxcore: {', '.join(refused)}")
-    targets = getattr(peft_config, "target_modules", None)
+    targets = peft_config.target_modules
     if targets is None:
         raise ValueError("peft_config.target_modules: name the modules (e.g. ['q_proj', 'v_proj']); jaxcore has no "
                          "per-architecture default")
-    targets = [targets] if isinstance(targets, str) else sorted(targets)
-    return LoRAConfig(rank=int(peft_config.r), alpha=float(peft_config.lora_alpha), target_modules=targets,
-                      dropout=float(getattr(peft_config, "lora_dropout", 0.0) or 0.0))
+    excluded = peft_config.exclude_modules
+    return LoRAConfig(rank=int(peft_config.r), alpha=float(peft_config.lora_alpha),
+                      target_modules=targets if isinstance(targets, str) else sorted(targets),
+                      dropout=float(peft_config.lora_dropout or 0.0),
+                      rank_pattern={k: int(v) for k, v in peft_config.rank_pattern.items()},
+                      alpha_pattern={k: float(v) for k, v in peft_config.alpha_pattern.items()},
+                      exclude_modules=excluded if excluded is None or isinstance(excluded, str) else sorted(excluded))
 
 
 def log_history(metrics_path: Path, per_rollout: int, per_epoch: int) -> list[dict[str, Any]]:
