@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install install-dev demo test lint smollm2 gemma3
+.PHONY: install install-dev demo test lint smollm2 gemma3 gpu-compile-install gpu-compile test-gpu-compile
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV) dev
@@ -25,3 +25,19 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -n 2 -q --durations=15
+
+# Compiling for NVIDIA GPUs on any host (no GPU needed): XLA's CUDA plugin beside the venv (~5 GB, once).
+GPU_PLUGIN := $(VENV)/gpu-compile
+
+$(GPU_PLUGIN)/.installed: $(VENV)/.installed scripts/install_gpu_compile.sh
+	bash scripts/install_gpu_compile.sh $(VENV)
+	touch $@
+
+gpu-compile-install: $(GPU_PLUGIN)/.installed
+
+gpu-compile: gpu-compile-install    # kernels per layer, collectives and memory on the H100 and the A100 -> docs/bench/
+	$(VENV)/bin/jaxcore bench --suite gpu-compile --target h100 --json docs/bench/h100_gpu_compile.json --overwrite
+	$(VENV)/bin/jaxcore bench --suite gpu-compile --target a100-40 --json docs/bench/a100-40_gpu_compile.json --overwrite
+
+test-gpu-compile: gpu-compile-install    # the counts above held as tests (CI runs this after `make test`)
+	$(PY) -m pytest -n 2 -q gpu_tests

@@ -25,6 +25,8 @@ class BenchOptions:
     workdir: str = "runs/bench"
     compilation_cache: str | None = None   # the trl suite's jaxcore runs: a directory, "off", None = the default
     steps: int | None = None         # the trl suite: steps per run in every regime (None: its defaults)
+    target: str = "h100"             # the gpu-compile suite: the GPU compiled for (`gpu_targets.TARGETS`)
+    devices: int = 8                 # the gpu-compile suite: GPUs in its topology
 
 
 # Shapes for the real-size presets (issue 12): batch/population 256, prompt 64, 256 new tokens.

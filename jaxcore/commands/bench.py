@@ -7,6 +7,8 @@ examples:
   jaxcore bench --suite trl --preset smollm2-135m-instruct         # vs TRL's GRPOTrainer (after make smollm2)
   jaxcore bench --suite qiu --preset smollm2-135m-instruct         # vs Qiu et al.'s full-rank ES loop
   jaxcore bench --suite compile --preset smollm2-135m              # making programs against depth (8/16/32 layers)
+  jaxcore bench --suite gpu-compile --target h100 --json docs/bench/h100_gpu_compile.json   # no GPU needed
+  jaxcore bench --suite gpu-compile --target a100-40 --devices 8 --preset qwen2.5-0.5b
 
 Every generate/ES/GRPO figure carries a roofline entry (bytes, FLOPs, fraction_of_limit) against the
 bandwidth and matmul peaks measured in the same run (`peaks` in the JSON). The JSON is rewritten
@@ -16,14 +18,17 @@ suites: generate (jaxcore vs HF generate), es (EGGROLL vs plain inference / naiv
 grpo (one optimisation step, torch vs jaxcore), rft (datagen throughput, jax engine vs HF),
 trl (whole GRPO steps of TRL's own GRPOTrainer vs jaxcore.GRPOTrainer; needs `pip install 'jaxcore[trl]'`),
 qiu (ES iterations of Qiu et al.'s full-rank ES loop in torch vs jaxcore's EGGROLL),
-compile (seconds to trace, lower and compile the GRPO step, generation and an ES epoch at 8, 16 and 32 layers).
+compile (seconds to trace, lower and compile the GRPO step, generation and an ES epoch at 8, 16 and 32 layers),
+gpu-compile (the hot programs compiled for a named GPU on any host, with XLA's CUDA plugin from
+`make gpu-compile-install`: kernels per layer, collectives, per-device memory, the decode step against the HBM
+roofline; and the 8B ES and 1.5B GRPO plans against XLA's GPU memory).
 """
 
 from __future__ import annotations
 
 import argparse
 
-SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "compile")
+SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "compile", "gpu-compile")
 DEFAULT_SUITES = ("generate", "es", "grpo", "rft")
 
 
@@ -44,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, metavar="N",
                         help="the trl suite: N steps per run in every regime (default: 10 filling, 24 short); "
                              "e.g. 12 for whole-run wall times")
+    parser.add_argument("--target", default="h100", help="the gpu-compile suite: the GPU to compile for, "
+                        "h100 (H100 SXM 80GB) or a100-40 (A100 SXM 40GB) (default: h100)")
+    parser.add_argument("--devices", type=int, default=8, metavar="N",
+                        help="the gpu-compile suite: GPUs in the compiled-for topology (default: 8, one node)")
     parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
                         help="the trl suite's jaxcore runs keep compiled programs in DIR, or off (default "
                              "~/.cache/jaxcore/xla; JAXCORE_COMPILATION_CACHE overrides it); the JSON says whether "
@@ -69,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown --preset {args.preset!r}; choose from {', '.join(dict.fromkeys(presets))}")
     if args.json_path:       # refused before any suite runs; then rewritten (atomically) after each suite
         check_output(args.json_path, kind="file", overwrite=args.overwrite, name="--json")
+    if "gpu-compile" in suites:               # the CUDA plugin loads without a driver; before JAX starts
+        from jaxcore.bench import gpu_targets
+
+        gpu_targets.target_description(args.target)
+        if args.devices < 1:
+            raise UserError(f"--devices must be >= 1, got {args.devices}")
+        gpu_targets.prepare_environment()
     import jax
 
     dtype = args.dtype or default_dtype(jax.default_backend())
@@ -76,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         # Like torch's default (no TF32 in matmuls): fp32 means fp32 on both sides of every ratio.
         jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
-                           workdir=args.workdir, compilation_cache=args.compilation_cache, steps=args.steps)
+                           workdir=args.workdir, compilation_cache=args.compilation_cache, steps=args.steps,
+                           target=args.target, devices=args.devices)
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:
@@ -92,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'peaks':36s} {results['peaks']}", flush=True)
     for suite in suites:
         print(f"== {suite}", flush=True)
-        numbers = importlib.import_module(f"jaxcore.bench.{suite}").run(options)
+        numbers = importlib.import_module(f"jaxcore.bench.{suite.replace('-', '_')}").run(options)
         for key, value in numbers.items():
             print(f"{key:36s} {value}", flush=True)
         results.update({k: v for k, v in numbers.items() if k not in ("device", "options", "peaks")})

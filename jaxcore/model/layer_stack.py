@@ -16,11 +16,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxcore.model.state import module_copy
-from jaxcore.model.transformer import LayerStack, Transformer, layer_of
+from jaxcore.model.transformer import LayerStack, Transformer, layer_of, stack_layers
 
 BODY, LAST = "body", "last"
 _LAYER_PATH = re.compile(r"^blocks\.(\d+)\.(.+)$")
@@ -66,7 +65,7 @@ def layer_matrices(params: Any) -> Any:
 
 
 def _stack(values: list[Any]) -> Any:
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *values)
+    return jax.tree.map(stack_layers, *values)
 
 
 def _unstack(value: Any, count: int) -> list[Any]:

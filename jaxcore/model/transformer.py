@@ -196,7 +196,7 @@ class LayerStack(nnx.Module):
         if len(blocks) == 1:
             return cls(None, blocks[0])
         graphdefs, states = zip(*(nnx.split(block) for block in blocks[:-1]))
-        return cls(nnx.merge(graphdefs[0], jax.tree.map(lambda *xs: jnp.stack(xs), *states)), blocks[-1])
+        return cls(nnx.merge(graphdefs[0], jax.tree.map(stack_layers, *states)), blocks[-1])
 
     def unstacked(self) -> list[Block]:
         """The per-layer blocks (slices of the stacked values: copies)."""
@@ -206,6 +206,14 @@ class LayerStack(nnx.Module):
         count = jax.tree.leaves(state)[0].shape[0]
         return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: layer_of(x, i), state)) for i in range(count)] + [
             self.last]
+
+
+def stack_layers(*xs: Any) -> Any:
+    """Per-layer arrays stacked along a new leading layer axis; shapes alone (`jax.ShapeDtypeStruct`, an
+    `abstract_model`'s) stack to the stacked shape."""
+    if isinstance(xs[0], jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype)
+    return jnp.stack(xs)
 
 
 def layer_of(x_L: Array, layer: int) -> Array:

@@ -1,0 +1,148 @@
+"""The memory planner against XLA's GPU compiler at the sizes users train at, compiled without a GPU.
+
+Two configurations: EGGROLL at the Llama-3-8B shape on 8 x A100-40GB (the mission's headline) and GRPO at
+Qwen2.5-1.5B on 8 x H100. Each phase of a run is a set of compiled programs plus the buffers that outlive them;
+XLA's figure for a phase is the largest of its programs' per-device bytes (arguments + outputs + temporaries -
+aliased) plus XLA's size of what is held across it, and the run's peak is the largest phase, as `jaxcore plan`
+adds its terms (`MemoryPlan.total`):
+
+- ES generation: the population's prefill or decode loop (compute weights, factors, KV cache, activations), with
+  the masters and optimizer state held;
+- ES update: the gradient from regenerated factors, then the optimizer step on the sharded masters, with the
+  compute weights held (the plan keeps them for the next epoch);
+- GRPO training: the train step (its arguments are the masters and AdamW moments);
+- GRPO generation: the prefill or decode loop of the bf16 compute copy, with the masters and moments held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from jaxcore.bench import gpu_compile
+
+
+@dataclasses.dataclass(frozen=True)
+class ESRun:
+    preset: str = "llama3-8b"
+    target: str = "a100-40"
+    devices: int = 8
+    population: int = 256
+    prompts: int = 4
+    prompt_tokens: int = 128
+    new_tokens: int = 256
+    model_axis: int = 1
+    optimizer: str = "adam"
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPORun:
+    preset: str = "qwen2.5-1.5b"
+    target: str = "h100"
+    devices: int = 8
+    prompts: int = 8
+    generations: int = 8
+    prompt_tokens: int = 128
+    new_tokens: int = 256
+
+
+def _peak(stats: Any) -> int:
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
+def _stats(lowered: Any) -> tuple[Any, str]:
+    compiled = lowered.compile()
+    return compiled.memory_analysis(), compiled.as_text()
+
+
+def _report(planned: Any, phases: dict[str, int], collectives: dict[str, dict[str, int]], card: float
+            ) -> dict[str, Any]:
+    xla = max(phases.values())
+    return {"plan_bytes": planned.total, "xla_bytes": xla, "plan_over_xla": round(planned.total / xla, 3),
+            "xla_phase_bytes": phases, "plan_phase_bytes": planned.phase_totals(),
+            "device_memory_bytes": card, "fits": xla <= card, "collectives": collectives}
+
+
+def es_plan_check(run: ESRun = ESRun()) -> dict[str, Any]:
+    """`plan_es` beside XLA's per-device memory of the ES epoch's programs on `run.devices` x `run.target`."""
+    from jaxcore.bench import gpu_targets
+    from jaxcore.bench.hlo import collective_counts
+    from jaxcore.es import memory as es_memory
+    from jaxcore.parallel import meshes
+
+    devices = gpu_targets.topology_devices(run.target, run.devices)
+    mesh = meshes.es_mesh(run.model_axis, devices)
+    config = gpu_compile.model_config(run.preset)
+    card = gpu_targets.device_memory(run.target)
+    planned = es_memory.plan_es(config, population=run.population, rank=1, prompts=run.prompts, generations=1,
+                                prompt_tokens=run.prompt_tokens, max_new_tokens=run.new_tokens, devices=run.devices,
+                                model_axis=run.model_axis, compute_dtype="bfloat16", optimizer=run.optimizer,
+                                device_memory=card)
+    model = gpu_compile.placed_model(config, mesh, "bfloat16", meshes.MODEL)
+    population, _ = gpu_compile.placed_population(model, mesh, run.population, meshes.POP)
+    work = gpu_compile.Workload(rows=run.population * run.prompts, prompt=run.prompt_tokens,
+                                new_tokens=run.new_tokens)
+    generation = [_stats(x) for x in gpu_compile.lower_generate(population, mesh, work, meshes.POP)]
+    gradient, update = (_stats(x) for x in gpu_compile.lower_es_update(config, mesh, run.population, run.optimizer))
+    gradient_bytes = gradient[0].output_size_in_bytes
+    held = update[0].argument_size_in_bytes - gradient_bytes               # the masters and optimizer state
+    compute_weights = sum(_shard_bytes(x) for x in _weights(model))
+    phases = {"generation": held + max(_peak(s) for s, _ in generation),
+              "update": compute_weights + max(held + _peak(gradient[0]),
+                                              update[0].argument_size_in_bytes + update[0].temp_size_in_bytes)}
+    collectives = {"generation": _summed(collective_counts(t) for _, t in generation),
+                   "update": _summed(collective_counts(t) for _, t in (gradient, update))}
+    return {"run": dataclasses.asdict(run), **_report(planned, phases, collectives, card)}
+
+
+def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
+    """`plan_grpo` beside XLA's per-device memory of a GRPO step's programs on `run.devices` x `run.target`."""
+    from jaxcore.bench import gpu_targets
+    from jaxcore.bench.hlo import collective_counts
+    from jaxcore.grpo import memory as grpo_memory
+    from jaxcore.parallel import meshes
+
+    devices = gpu_targets.topology_devices(run.target, run.devices)
+    mesh = meshes.grpo_mesh(1, devices)
+    config = gpu_compile.model_config(run.preset)
+    card = gpu_targets.device_memory(run.target)
+    planned = grpo_memory.plan_grpo(config, prompts=run.prompts, generations=run.generations,
+                                    prompt_tokens=run.prompt_tokens, max_new_tokens=run.new_tokens,
+                                    devices=run.devices, compute_dtype="bfloat16", device_memory=card)
+    rows = run.prompts * run.generations
+    learner = gpu_compile.grpo_learner(config, mesh, "bfloat16")
+    work = gpu_compile.Workload(rows=rows, prompt=run.prompt_tokens, new_tokens=run.new_tokens)
+    step, step_text = _stats(gpu_compile.lower_grpo_step(learner, work)[0])
+    length = run.prompt_tokens + run.new_tokens             # ids, mask, targets [B, T(-1)] int32; advantages, flags
+    batch_bytes = rows // run.devices * (4 * (3 * length - 1) + 4 + 1)
+    held = step.argument_size_in_bytes - batch_bytes                       # masters and AdamW moments
+    model = gpu_compile.placed_model(config, mesh, "bfloat16")
+    generation = [_stats(x) for x in gpu_compile.lower_generate(model, mesh, work, meshes.DATA)]
+    phases = {"training": _peak(step), "generation": held + max(_peak(s) for s, _ in generation)}
+    collectives = {"training": collective_counts(step_text),
+                   "generation": _summed(collective_counts(t) for _, t in generation)}
+    return {"run": dataclasses.asdict(run), **_report(planned, phases, collectives, card)}
+
+
+def _shard_bytes(x: Any) -> int:
+    import numpy as np
+
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+    return int(np.prod(shape)) * jnp.dtype(x.dtype).itemsize
+
+
+def _weights(model: Any) -> list[Any]:
+    from jaxcore.model.state import flat_state
+
+    return list(flat_state(model).values())
+
+
+def _summed(counts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for op, n in one.items():
+            total[op] = total.get(op, 0) + n
+    return total
