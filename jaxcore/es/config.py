@@ -57,3 +57,8 @@ class ESConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    @property
+    def total_steps(self) -> int:
+        """Optimiser steps of the whole run: one update per epoch."""
+        return self.train.epochs

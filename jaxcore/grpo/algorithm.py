@@ -247,6 +247,10 @@ class GRPOAlgorithm(Algorithm):
             advantages_B, zero_std = self.advantages(scores, scorer, g, scale)
             batch = self.make_batch(out.prompt_ids_BT, out.prompt_mask_BT, out.result, advantages_B,
                                     out.model_mask_BC)
+        failed = scores.every_call_failed()
+        if failed is not None:              # nothing to learn from: a bad step, not an update on fallbacks
+            return StepResult({**{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
+                               **clock.metrics()}, skipped=True, reason=failed)
         key = (batch.input_ids_BT.shape[0], batch.completion_start + 1,
                batch.input_ids_BT.shape[1] - batch.completion_start - 1)
         self.plan_programs(*key[:2], out.result.tokens.shape[1])    # those its widths first tell (episodes')
@@ -259,6 +263,7 @@ class GRPOAlgorithm(Algorithm):
         rollout = rollout_metrics(batch)
         self.num_tokens += int(rollout.pop("rollout_tokens"))
         metrics: dict[str, Any] = {
+            **scores.metrics,                                   # the reward functions' log_metric values (TRL's)
             **reward_metrics(scores.per_function, rewards_B, g, scale), **zero_std, **rollout,
             **mean_step_metrics(steps),
             **{f"rewards/{name}/failures": n for name, n in scores.failures.items()},
@@ -272,5 +277,5 @@ class GRPOAlgorithm(Algorithm):
         completions = None
         if self.cfg.train.log_completions:
             completions = CompletionLog.of_rollout(self.tokenizer, out.result, out.row_examples, scores.per_function,
-                                                   advantages_B, out.messages)
+                                                   advantages_B, out.messages, scores.columns)
         return StepResult(metrics, completions=completions)

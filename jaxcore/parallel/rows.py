@@ -1,8 +1,9 @@
 """Rows of a batch sharded over processes: the rows this process holds, a host array summed over processes,
-and a row-sharded array gathered in full."""
+a row-sharded array gathered in full, and small host values (JSON) gathered from every process."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -51,3 +52,17 @@ def gather_rows(array: Any) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def allgather_json(value: Any) -> list[Any]:
+    """Every process's `value` (JSON: a value JSON cannot hold comes back as its text), in process order."""
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value, default=str).encode(), np.uint8)
+    lengths = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int64))).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:len(data)] = data
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(gathered, lengths)]

@@ -20,6 +20,10 @@ process (a game's state, a sandbox or a client connection), which TRL's reward f
 which often cannot be pickled; a worker would only see a copy. They get the in-process timeout (SIGALRM), not a
 worker's crash isolation. A Scorer may hold no functions at all when the rollout's environments score it (their
 `get_reward`, added by `jaxcore.runtime.rollout.with_extra`): every reward is then 0 here.
+
+TRL's trainer keywords reach the functions that take them (`jaxcore.rewards.user_functions.TRLReward`):
+``trainer_state`` is `Scorer.trainer_state` (the run keeps it current), and what a call gave ``log_metric`` and
+``log_extra`` comes back in `ScoreResult.metrics` and `ScoreResult.columns` (from calls that succeeded).
 """
 
 from __future__ import annotations
@@ -29,14 +33,14 @@ import logging
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from jaxcore.rewards.config import RewardsConfig
-from jaxcore.rewards.types import Example, RewardFn
+from jaxcore.rewards.types import Example, Reported, RewardFn, TrainerState
 from jaxcore.rewards.workers import STOPPING, Outcome, WorkerPool, alarm_available, call_with_timeout
 
 logger = logging.getLogger("jaxcore.rewards")
@@ -56,6 +60,9 @@ class ScoreResult:
     rewards_B: np.ndarray  # weighted sum over functions, float32 [B]
     per_function: dict[str, np.ndarray]  # raw values per function (NaN where None/failed) [B]
     failures: dict[str, int]  # per function: samples that got the fallback
+    errors: dict[str, str] = field(default_factory=dict)  # per function that failed: its first failure
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # TRL's log_metric: every value, by name
+    columns: dict[str, list[Any]] = field(default_factory=dict)  # TRL's log_extra: one value per sample (None: none)
 
 
 def to_values(output: Any, n: int) -> np.ndarray:
@@ -98,6 +105,11 @@ def reward_value(value: Any, sample: int) -> float:
 def takes_environments(fn: RewardFn) -> bool:
     """Whether a reward is to be called with the rollout's environment instances (`environments=`)."""
     return bool(getattr(fn, "takes_environments", False))
+
+
+def takes_trainer_state(fn: RewardFn) -> bool:
+    """Whether a reward is to be called with the run's `TrainerState` (TRL's `trainer_state=`)."""
+    return bool(getattr(fn, "takes_trainer_state", False))
 
 
 class ScoringInterrupted(BaseException):
@@ -152,6 +164,7 @@ class Scorer:
         self._closed = False
         self._interrupted = False
         self._in_call = False
+        self.trainer_state = TrainerState()     # TRL's trainer_state= (the run sets its own, kept current)
 
     def score(self, completions: Sequence[str], examples: Sequence[Example],
               environments: Sequence[Any] | None = None) -> ScoreResult:
@@ -171,32 +184,39 @@ class Scorer:
             for name in self.reward_fns
             for start in range(0, size, width)
         ]
-        payloads = [(name, completions[a:b], examples[a:b]) for name, a, b in jobs]
+        keywords = {name: {"trainer_state": self.trainer_state} if takes_trainer_state(fn) else {}
+                    for name, fn in self.reward_fns.items()}
+        payloads = [(name, completions[a:b], examples[a:b], keywords[name]) for name, a, b in jobs]
         here = [takes_environments(self.reward_fns[name]) for name, _, _ in jobs]
         outcomes: list[Outcome | None] = [None] * len(jobs)
         if self._pool is not None:
             sent = [i for i, inline in enumerate(here) if not inline]
             for i, outcome in zip(sent, self._pool.run([payloads[i] for i in sent], self.timeout_s)):
                 outcomes[i] = outcome
-        for i, ((name, c, e), (_, a, b)) in enumerate(zip(payloads, jobs)):
+        for i, ((name, c, e, options), (_, a, b)) in enumerate(zip(payloads, jobs)):
             if outcomes[i] is None:
-                fn = self.reward_fns[name]
-                with_envs = here[i] and environments is not None
-                outcomes[i] = self._run_inline(functools.partial(fn, environments=list(environments[a:b]))
-                                               if with_envs else fn, c, e)
+                if here[i] and environments is not None:
+                    options = {**options, "environments": list(environments[a:b])}
+                outcomes[i] = self._run_inline(functools.partial(self.reward_fns[name], **options), c, e)
         stopped = sum(not ok and output == STOPPING for ok, output in outcomes)
         if stopped:
             raise ScoringStopped(f"{stopped} of {len(jobs)} reward jobs not run: the run is stopping")
         raw = {name: np.full(size, np.nan) for name in self.reward_fns}
         failed = {name: np.zeros(size, dtype=bool) for name in self.reward_fns}
+        errors: dict[str, str] = {}
+        metrics: dict[str, list[float]] = {}               # what the calls logged (TRL's log_metric, log_extra)
+        columns: dict[str, list[Any]] = {}
         for (name, start, stop), (ok, output) in zip(jobs, outcomes, strict=True):
             if ok:
                 try:
                     raw[name][start:stop] = to_values(output, stop - start)
+                    if isinstance(output, Reported):
+                        _collect(metrics, columns, output, name, (start, stop), size)
                     continue
                 except ValueError as e:
                     output = str(e)
             failed[name][start:stop] = True
+            errors.setdefault(name, str(output))
             logger.warning(
                 "reward '%s' failed on samples %d:%d (%s); using fallback %s",
                 name,
@@ -205,7 +225,9 @@ class Scorer:
                 output,
                 self.fallback,
             )
-        return self._combine(raw, failed, size)
+        result = self._combine(raw, failed, size)
+        result.errors, result.metrics, result.columns = errors, metrics, columns
+        return result
 
     def _run_inline(self, fn: Callable[..., Any], completions: list[str], examples: list[Example]) -> Outcome:
         """One in-process call under the timeout; after `interrupt`, none is made."""
@@ -267,6 +289,21 @@ class Scorer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _collect(metrics: dict[str, list[float]], columns: dict[str, list[Any]], output: Reported, name: str,
+             samples: tuple[int, int], size: int) -> None:
+    """Add what one call on `samples` (start, stop) of a batch of `size` logged: its metrics' values, and its
+    columns' values at those samples (a column with another count than the call's samples is left out, warned)."""
+    start, stop = samples
+    for metric, values in output.metrics.items():
+        metrics.setdefault(metric, []).extend(values)
+    for column, values in output.columns.items():
+        if len(values) != stop - start:
+            logger.warning("reward '%s' logged %d values of column %r for %d samples; the column is not logged",
+                           name, len(values), column, stop - start)
+            continue
+        columns.setdefault(column, [None] * size)[start:stop] = list(values)
 
 
 def score(

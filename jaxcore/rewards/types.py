@@ -22,6 +22,32 @@ RewardFn = Callable[[list[str], list[Example]], list[float | None]]
 """Batched reward: ``fn(completions, examples) -> one float (or None) per completion``."""
 
 
+@dataclass
+class TrainerState:
+    """The part of transformers' `TrainerState` a reward function (TRL's `trainer_state=`), a script or a callback
+    reads: optimizer steps taken, the run's optimizer steps, passes over the dataset so far and the logged entries.
+    A run keeps one current (`jaxcore.runtime.runner`)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    is_world_process_zero: bool = True
+
+
+class Reported(list):  # type: ignore[type-arg]
+    """A reward function's values with what it reported beside them through TRL's keywords: `metrics`, the values
+    it gave `log_metric(name, value)`, and `columns`, those it gave `log_extra(column, values)` (one per sample, for
+    the completions table). Pickles with both (a worker process sends it back whole)."""
+
+    metrics: dict[str, list[float]]
+    columns: dict[str, list[Any]]
+
+    def __init__(self, values: Any, metrics: dict[str, list[float]], columns: dict[str, list[Any]]) -> None:
+        super().__init__(values)
+        self.metrics, self.columns = metrics, columns
+
+
 def map_samples(
     score_one: Callable[[str, Any], float | None],
     completions: Sequence[str],

@@ -8,8 +8,11 @@ where `columns` are every dataset column other than the prompt, as lists with on
 completion, and None means "not applicable to this sample". For conversational prompts (a list
 of {"role", "content"} messages) each completion is passed as [{"role": "assistant", "content": text}],
 as TRL does; a multi-turn episode's as its message list, `[assistant, tool, ..., assistant]` (TRL's, whatever
-the prompt: the model saw a conversation). TRL's trainer-only keywords (`trainer_state`, `log_extra`,
-`log_metric`) are not passed. In a multi-turn rollout a function whose signature names `environments` gets TRL's
+the prompt: the model saw a conversation). TRL's trainer keywords are passed with TRL's meaning: `trainer_state`
+(the run's `TrainerState`: optimizer steps taken, `max_steps`, passes over the dataset), `log_metric(name, value)`
+(logged as `name` with the step's metrics, the mean of the step's calls, as TRL) and `log_extra(column, values)` (one
+value per sample: a column of the completions table). In a multi-turn rollout a function whose signature names
+`environments` gets TRL's
 `environments=`: the rows' environment instances, one per completion in the completions' order, after their
 episodes (called in the trainer's process, where the instances live: `jaxcore.rewards.scoring`).
 
@@ -46,7 +49,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +57,11 @@ from jaxcore.errors import RewardFunctionError  # noqa: F401  (re-exported: its 
 from jaxcore.rewards.config import RewardsConfig
 from jaxcore.rewards.registry import REWARDS
 from jaxcore.rewards.scoring import takes_environments, to_values
-from jaxcore.rewards.types import Example, RewardFn, TaskError
+from jaxcore.rewards.types import Example, Reported, RewardFn, TaskError, TrainerState
 from jaxcore.rewards.workers import call_with_timeout, one_line
 
 TRL_KEYWORDS = ("prompts", "completions", "completion_ids")
+TRAINER_KEYWORDS = ("trainer_state", "log_extra", "log_metric")     # TRL's trainer's own, passed on every call
 ENVIRONMENTS = "environments"           # TRL's keyword for a multi-turn rollout's environment instances
 logger = logging.getLogger("jaxcore.rewards")
 
@@ -154,7 +158,7 @@ def check_signature(name: str, fn: Callable[..., Any], columns: Sequence[str]) -
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return                                          # builtins and C callables: trust them
-    kwargs = {key: [] for key in (*TRL_KEYWORDS, *columns)}
+    kwargs = {key: [] for key in (*TRL_KEYWORDS, *columns, *TRAINER_KEYWORDS)}
     if ENVIRONMENTS in signature.parameters:
         kwargs[ENVIRONMENTS] = []
     try:
@@ -162,7 +166,8 @@ def check_signature(name: str, fn: Callable[..., Any], columns: Sequence[str]) -
     except TypeError as err:
         raise RewardFunctionError(
             f"reward function {name!r} cannot be called as fn(prompts=, completions=, completion_ids=, "
-            f"**columns) with columns {sorted(columns)}: {err} (give it **kwargs, as TRL requires)") from None
+            f"trainer_state=, log_extra=, log_metric=, **columns) with columns {sorted(columns)}: {err} (give it "
+            "**kwargs, as TRL requires)") from None
 
 
 class ImportedBySpec:
@@ -191,14 +196,17 @@ class TRLReward(ImportedBySpec):
     """A TRL-signature function as a picklable `RewardFn` (imported by spec, or pickled by reference).
 
     `columns` are the task-wide column names: each is passed on every call, None for the rows that lack
-    it, even when no row of a chunk has it (as a `datasets.Dataset` would)."""
+    it, even when no row of a chunk has it (as a `datasets.Dataset` would). TRL's trainer keywords override a column
+    of their name, as in TRL."""
+
+    takes_trainer_state = True          # the Scorer passes the run's `TrainerState` (TRL's trainer_state=)
 
     def __init__(self, name: str, spec: str | None = None, fn: Callable[..., Any] | None = None,
                  columns: Sequence[str] = (), root: str | None = None):
         if (spec is None) == (fn is None):
             raise ValueError("give exactly one of spec or fn")
         self.name, self.spec, self._fn = name, spec, fn
-        self.columns = tuple(c for c in columns if c not in TRL_KEYWORDS)
+        self.columns = tuple(c for c in columns if c not in (*TRL_KEYWORDS, *TRAINER_KEYWORDS))
         self.root = root if root is not None else os.getcwd()       # where the spec was resolved
 
     @property
@@ -210,18 +218,37 @@ class TRLReward(ImportedBySpec):
             return False
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example],
-                 environments: Sequence[Any] | None = None) -> list[float | None]:
+                 environments: Sequence[Any] | None = None, trainer_state: TrainerState | None = None) -> Any:
         """The function on copies of the rows (one that edits its `prompts` or columns in place must not change
         the dataset: the next epoch, a resumed run and a worker process would see other data), awaited when it is
-        a coroutine function (TRL accepts async reward functions)."""
+        a coroutine function (TRL accepts async reward functions), with TRL's trainer keywords (`trainer_state`:
+        the run's, or a fresh one). Its values, as a `Reported` when it logged metrics or columns."""
         prompts = _copied([e.prompt for e in examples])
         texts = [_copied(as_trl_completion(c, e)) for c, e in zip(completions, examples)]
-        keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in TRL_KEYWORDS)])
+        skipped = (*TRL_KEYWORDS, *TRAINER_KEYWORDS)
+        keys = dict.fromkeys([*self.columns, *(k for e in examples for k in e.columns if k not in skipped)])
         columns = _copied({key: [e.columns.get(key) for e in examples] for key in keys})
         ids = [list(getattr(c, "ids", ())) for c in completions]
         if environments is not None:
             columns[ENVIRONMENTS] = list(environments)          # live instances, read in place (as TRL passes them)
-        return resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns))
+        metrics: dict[str, list[float]] = {}
+        extra: dict[str, list[Any]] = {}
+
+        def log_metric(name: str, value: float) -> None:
+            metrics.setdefault(name, []).append(float(value))
+
+        def log_extra(column: str, values: list[Any]) -> None:
+            extra.setdefault(column, []).extend(values)
+
+        values = resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns,
+                                  trainer_state=trainer_state if trainer_state is not None else TrainerState(),
+                                  log_extra=log_extra, log_metric=log_metric))
+        if (metrics or extra) and not isinstance(values, (str, bytes, Mapping)):
+            try:
+                return Reported(values, metrics, extra)
+            except TypeError:                       # not a sequence: `to_values` says what it is
+                pass
+        return values
 
 
 def as_trl_completion(completion: str, example: Example) -> str | list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """A small pool of spawn/forkserver worker processes that run reward jobs with a timeout.
 
 Each worker receives the pickled reward functions once at start-up, then runs jobs
-``(fn_name, completions, examples)`` one at a time. A job that raises comes back as an
+``(fn_name, completions, examples[, keywords])`` one at a time (``keywords``: further keyword arguments of the
+call, such as TRL's ``trainer_state``). A job that raises comes back as an
 error; a job that runs past its timeout, or whose worker dies, has its worker killed and
 replaced. Workers never come from ``fork``: the parent runs JAX, whose threads do not
 survive a fork. With spawn/forkserver the parent's ``__main__`` is re-imported in each
@@ -27,7 +28,7 @@ from jaxcore.rewards.clock import running_time
 from jaxcore.rewards.types import Example, RewardFn
 
 START_METHODS = ("spawn", "forkserver")
-Job = tuple[str, list[str], list[Example]]
+Job = tuple[str, list[str], list[Example]] | tuple[str, list[str], list[Example], dict[str, Any]]
 Outcome = tuple[bool, Any]
 """``(True, values)`` or ``(False, reason)``."""
 STOPPING = "not scored: the run is stopping"     # the outcome of a job abandoned by `interrupt`
@@ -178,9 +179,9 @@ def _worker_main(conn: Connection) -> None:
             return
         if job is None:
             return
-        name, completions, examples = job
+        name, completions, examples, *keywords = job
         try:
-            result: Outcome = (True, fns[name](completions, examples))
+            result: Outcome = (True, fns[name](completions, examples, **(keywords[0] if keywords else {})))
         except BaseException as e:
             result = (False, one_line(e))
         try:

@@ -23,19 +23,22 @@ from jaxcore.rewards.user_functions import as_trl_completion
 @dataclasses.dataclass
 class CompletionLog:
     """One rollout's rows: prompts and completions as TRL passes them to reward functions (a conversation's
-    completion as an assistant message), each reward function's values (None where it gave none) and advantages."""
+    completion as an assistant message), each reward function's values (None where it gave none), the columns the
+    reward functions logged with TRL's `log_extra` and advantages."""
 
     prompts: list[Any]
     completions: list[Any]
     rewards: dict[str, list[float | None]]
     advantages: list[float] | None
+    extra: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of_rollout(cls, tokenizer: Any, result: GenerationResult, row_examples: Sequence[Example],
                    per_function: Mapping[str, np.ndarray], advantages_B: np.ndarray | None,
-                   messages: Sequence[Any] | None = None) -> CompletionLog:
+                   messages: Sequence[Any] | None = None, extra: Mapping[str, list[Any]] | None = None
+                   ) -> CompletionLog:
         """The log of a rollout of `row_examples` (one per row); every process calls it (the rows are gathered),
-        `messages` a multi-turn rollout's completions as messages."""
+        `messages` a multi-turn rollout's completions as messages, `extra` the log_extra columns of every row."""
         texts = decode_completions(tokenizer, gather_rows(result.tokens), gather_rows(result.lengths))
         messages = list(messages) if messages else [None] * len(texts)    # a process has its own rows'
         completions = [m if m is not None else as_trl_completion(text, example)
@@ -43,12 +46,12 @@ class CompletionLog:
         rewards = {name: [float(v) if np.isfinite(v) else None for v in np.asarray(values)]
                    for name, values in per_function.items()}
         return cls([e.prompt for e in row_examples], completions, rewards,
-                   None if advantages_B is None else [float(a) for a in np.asarray(advantages_B)])
+                   None if advantages_B is None else [float(a) for a in np.asarray(advantages_B)], dict(extra or {}))
 
     def rows(self, step: int) -> dict[str, list[Any]]:
-        """TRL's table: step, prompt, completion, one column per reward function, advantage."""
+        """TRL's table: step, prompt, completion, one column per reward function, the log_extra columns, advantage."""
         return {"step": [step] * len(self.prompts), "prompt": self.prompts, "completion": self.completions,
-                **self.rewards, **({} if self.advantages is None else {"advantage": self.advantages})}
+                **self.rewards, **self.extra, **({} if self.advantages is None else {"advantage": self.advantages})}
 
 
 def write_completions(out_dir: str | os.PathLike[str], step: int, log: CompletionLog) -> Path:
@@ -74,18 +77,25 @@ def print_completions(log: CompletionLog, step: int, count: int | None) -> None:
     except ImportError:
         return
     table = Table(show_header=True, header_style="bold white", expand=True)
-    columns = ["Prompt", "Completion", *log.rewards, *(["Advantage"] if log.advantages is not None else [])]
+    columns = ["Prompt", "Completion", *log.rewards, *log.extra,
+               *(["Advantage"] if log.advantages is not None else [])]
     for name in columns:
         table.add_column(name, justify="left" if name in ("Prompt", "Completion") else "right")
     indices = list(range(len(log.prompts)))
     if count is not None and count < len(indices):
         indices = sorted(random.Random(step).sample(indices, count))
     for i in indices:
-        values = [log.rewards[name][i] for name in log.rewards] + (
+        values = [log.rewards[name][i] for name in log.rewards] + [log.extra[name][i] for name in log.extra] + (
             [log.advantages[i]] if log.advantages is not None else [])
-        table.add_row(_text(log.prompts[i]), _text(log.completions[i]),
-                      *("-" if v is None else f"{v:.2f}" for v in values))
+        table.add_row(_text(log.prompts[i]), _text(log.completions[i]), *(_cell(v) for v in values))
     Console().print(Panel(table, expand=False, title=f"Step {step}", border_style="bold white"))
+
+
+def _cell(value: Any) -> str:
+    """A reward, logged value or advantage as a table cell: a number to two decimals, "-" for none."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, (int, float)) else str(value)
 
 
 def _text(value: Any) -> str:

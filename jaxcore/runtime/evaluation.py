@@ -33,6 +33,7 @@ def evaluate(model: Any, examples: list[Example], scorer: Scorer, rollout: Rollo
     rewards: list[np.ndarray] = []
     per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *rollout.reward_names]}
     episode_metrics: list[dict[str, float]] = []
+    logged: dict[str, list[float]] = {}                 # the reward functions' log_metric means, per batch (TRL's)
     samples: list[dict[str, str]] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
@@ -42,6 +43,8 @@ def evaluate(model: Any, examples: list[Example], scorer: Scorer, rollout: Rollo
         out = rollout.run(model, rows, key=key, row_sharding=row_sharding, logprobs=False)
         scores = rollout.score(out, scorer, padding_from=count)
         episode_metrics.append(out.metrics)
+        for name, mean in scores.metrics.items():
+            logged.setdefault(name, []).append(mean)
         rewards.append(scores.rewards_B[:count])
         for name, values in scores.per_function.items():
             per_function[name].append(values[:count])
@@ -54,5 +57,6 @@ def evaluate(model: Any, examples: list[Example], scorer: Scorer, rollout: Rollo
     means = function_means({name: np.concatenate(v) if v else np.zeros(0) for name, v in per_function.items()})
     episodes = {f"eval/{k}": float(np.mean([m[k] for m in episode_metrics])) for k in
                 (episode_metrics[0] if episode_metrics else ()) if k.startswith(("tools/", "episodes/"))}
-    return {"eval/reward": float(rewards_B.mean()), **{f"eval/rewards/{name}/mean": m for name, m in means.items()},
+    return {**{f"eval/{name}": float(np.mean(values)) for name, values in logged.items()},
+            "eval/reward": float(rewards_B.mean()), **{f"eval/rewards/{name}/mean": m for name, m in means.items()},
             **episodes, "eval/samples": samples}

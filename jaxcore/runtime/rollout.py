@@ -20,7 +20,7 @@ from jaxcore.hf.tokenization import (
     rollout_prompt_limit,
 )
 from jaxcore.inference.generate import GenerationResult, generate, pad_left, prompt_bucket
-from jaxcore.parallel.rows import allgather_sum, owned_rows
+from jaxcore.parallel.rows import allgather_json, allgather_sum, owned_rows
 from jaxcore.rewards import Example, Scorer, ScoreResult
 from jaxcore.rewards.user_functions import Completion
 from jaxcore.runtime.config import RolloutConfig
@@ -145,6 +145,21 @@ class RowScores:
     per_function: dict[str, np.ndarray]   # each function's value per row (NaN where it gave none)
     failures: dict[str, int]              # per function: rows that got the fallback
     lengths_B: np.ndarray                 # completion tokens per row
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)     # TRL's log_metric: each name's mean
+    columns: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # TRL's log_extra: a value per row
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)    # this process's first failure per function
+
+    def every_call_failed(self) -> str | None:
+        """Why no row has a reward of its own, when every call of every reward function failed (every value a
+        fallback; a rollout scored by its environments as well has rewards of those): the first function's first
+        failure, else None."""
+        scored = len(self.rewards_B)
+        if not self.failures or scored == 0 or any(n < scored for n in self.failures.values()):
+            return None
+        if set(self.per_function) - set(self.failures):                    # an environment's get_reward
+            return None
+        name = next(iter(self.failures))
+        return f"every reward call failed; reward {name!r}: {self.errors.get(name, 'failed')}"
 
 
 def with_extra(scores: ScoreResult, extra: Mapping[str, np.ndarray]) -> ScoreResult:
@@ -153,8 +168,8 @@ def with_extra(scores: ScoreResult, extra: Mapping[str, np.ndarray]) -> ScoreRes
     if not extra:
         return scores
     added_B = np.nansum(np.stack([np.asarray(v, np.float64) for v in extra.values()]), axis=0)
-    return ScoreResult((scores.rewards_B + added_B).astype(np.float32), {**scores.per_function, **extra},
-                       scores.failures)
+    return dataclasses.replace(scores, rewards_B=(scores.rewards_B + added_B).astype(np.float32),
+                               per_function={**scores.per_function, **extra})
 
 
 def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokenizer: Any, scorer: Scorer, *,
@@ -198,7 +213,35 @@ def score_rows(result: GenerationResult, row_examples: Sequence[Example], tokeni
     failures = allgather_sum(np.array([scores.failures[n] for n in names], np.int64))
     return RowScores(rewards_B=every_row(scores.rewards_B if combined is None else combined(scores)),
                      per_function={name: every_row(values) for name, values in scores.per_function.items()},
-                     failures=dict(zip(names, failures.tolist())), lengths_B=every_row(lengths))
+                     failures=dict(zip(names, failures.tolist())), lengths_B=every_row(lengths),
+                     metrics=metric_means(scores.metrics),
+                     columns=every_row_of_columns(scores.columns, rows, size), errors=scores.errors)
+
+
+def metric_means(logged: dict[str, list[float]]) -> dict[str, float]:
+    """Each name's mean over the values every process's reward calls gave TRL's `log_metric` (TRL: the total over
+    the count, across processes)."""
+    totals = {name: [float(np.sum(values)), float(len(values))] for name, values in logged.items()}
+    merged: dict[str, list[float]] = {}
+    for process in allgather_json(totals):
+        for name, (total, count) in process.items():
+            merged.setdefault(name, [0.0, 0.0])
+            merged[name][0] += total
+            merged[name][1] += count
+    return {name: total / count for name, (total, count) in sorted(merged.items()) if count}
+
+
+def every_row_of_columns(columns: dict[str, list[Any]], rows: np.ndarray, size: int) -> dict[str, list[Any]]:
+    """TRL's `log_extra` columns of this process's scored `rows`, as values of every row of the rollout (each
+    process's, gathered; a value JSON cannot hold as its text)."""
+    local = {name: {int(r): value for r, value in zip(rows, values)} for name, values in columns.items()}
+    out: dict[str, list[Any]] = {}
+    for process in allgather_json(local):
+        for name, values in process.items():
+            column = out.setdefault(name, [None] * size)
+            for row, value in values.items():
+                column[int(row)] = value
+    return out
 
 
 def function_means(per_function: dict[str, np.ndarray]) -> dict[str, float]:

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from jaxcore.config.yaml_config import to_dict
 from jaxcore.errors import OutputError, TaskConfigError, TaskError, TrainingError, UserError  # noqa: F401  (re-exported)
 from jaxcore.rewards import Example, Scorer, ScoringStopped, Task
+from jaxcore.rewards.types import TrainerState
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.completions import print_completions, write_completions
@@ -67,7 +68,8 @@ def epoch_rows(rows: int, per_epoch: int, seed: int, epoch: int, shuffle: bool =
 
 Observer = Callable[[str, int, "dict[str, Any] | None"], "bool | None"]
 """Told of a run's events: ("log", step, metrics) after each logged step (True: end the run there, with a
-checkpoint and the final export, as a last epoch would) and ("train_end", step, None)."""
+checkpoint and the final export, as a last epoch would) and ("train_end", step, None). An observer with a `state`
+attribute (a `TrainerState`, as jaxcore.trl's callbacks have) gets that state kept current by the run."""
 
 
 class Runner:
@@ -80,6 +82,9 @@ class Runner:
         self.base_weights = base_weights      # fingerprint of the weights loaded at start (stored, checked on resume)
         self.task = task
         self.observer = observer or (lambda event, step, metrics: False)
+        # TRL's trainer_state: what the reward functions get (`_advance` keeps it current)
+        self.state: TrainerState = getattr(observer, "state", None) or TrainerState()
+        self.steps_per_epoch = cfg.total_steps // cfg.train.epochs        # optimizer steps
         self.data = data_fingerprint(task)         # stored, checked on resume: a changed dataset file is refused
         self.examples_per_epoch = examples_per_epoch or cfg.rollout.prompts_per_epoch
         self.out_dir = Path(cfg.train.out_dir)
@@ -134,6 +139,15 @@ class Runner:
                                                                  t.shuffle)]
             self._drawn[epoch] = drawn
         return self._drawn[epoch]
+
+    def _advance(self, epoch: int) -> None:
+        """The run's `TrainerState` once `epoch` epochs are done, as TRL's reward functions see it: the optimizer steps
+        taken and the run's, and the passes over the dataset taken (a generator task: the epochs)."""
+        rows = self.task.num_examples("train")
+        s = self.state
+        s.global_step, s.max_steps = epoch * self.steps_per_epoch, self.cfg.train.epochs * self.steps_per_epoch
+        s.epoch = epoch / max(rows // self.examples_per_epoch, 1) if rows is not None else float(epoch)
+        s.is_world_process_zero = self.is_main
 
     def _resume(self, allow_changes: bool = False) -> int:
         """Restore the newest checkpoint that restores and matches the config; returns the first epoch to run."""
@@ -193,6 +207,8 @@ class Runner:
                    disable=not (t.progress and self.is_main), file=sys.stderr, dynamic_ncols=True)
         with self._scorer() as scorer, StopSignal(on_signal=scorer.interrupt) as stop:
             epoch = start - 1
+            scorer.trainer_state = self.state
+            self._advance(start)
             # the first epochs' programs are made beside the evaluation before training and the first rollout
             self.algorithm.prepare([self._examples(e) for e in range(start, min(start + LOOKAHEAD, t.epochs))])
             if start == 0 and t.eval_every > 0:
@@ -212,6 +228,7 @@ class Runner:
                 if epoch + LOOKAHEAD < t.epochs:
                     self.algorithm.prepare([self._examples(epoch + LOOKAHEAD)])
                 began = time.perf_counter()
+                self._advance(epoch)
                 try:
                     result = self.algorithm.train_step(epoch, examples, scorer)
                 except ScoringStopped:       # the stop cut this epoch's scoring short: none of it was applied
@@ -235,6 +252,7 @@ class Runner:
                 last = epoch == t.epochs - 1
                 due = t.eval_every >= 0 and (last or (t.eval_every and (epoch + 1) % t.eval_every == 0))
                 if due and not stop.received:         # a stop signal's grace period is short: checkpoint first
+                    self._advance(epoch + 1)
                     try:
                         metrics.update(self._evaluate(scorer))
                         log.info("epoch %d held-out reward %.4f; sample: %s", epoch, metrics["eval/reward"],

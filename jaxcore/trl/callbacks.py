@@ -48,8 +48,9 @@ def _overrides(callback: Any, hook: str) -> bool:
 
 def observer(callbacks: Sequence[Any], args: Any, state: Any, entry: Callable[[int, dict[str, Any]], dict[str, Any]]
              ) -> Callable[[str, int, dict[str, Any] | None], bool]:
-    """The run's observer calling `callbacks`: `state` (a `TrainerState`) follows the run; `entry(step, metrics)`
-    turns a logged step into a `log_history` entry (TRL's names, optimizer steps)."""
+    """The run's observer calling `callbacks`: `state` (a `TrainerState`) follows the run (the observer's `state`:
+    the run keeps it current, and the reward functions get it as TRL's trainer_state); `entry(step, metrics)` turns a
+    logged step into a `log_history` entry (TRL's names, optimizer steps)."""
     control = TrainerControl()
 
     def call(hook: str, **kwargs: Any) -> None:
@@ -74,4 +75,5 @@ def observer(callbacks: Sequence[Any], args: Any, state: Any, entry: Callable[[i
         return control.should_training_stop
 
     observe.begin = lambda: call("on_train_begin")            # type: ignore[attr-defined]
+    observe.state = state                                       # type: ignore[attr-defined]
     return observe

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from jaxcore.api import GRPOTrainer as JobGRPOTrainer
 from jaxcore.model.lora import LoRAConfig
+from jaxcore.rewards.types import TrainerState
 from jaxcore.runtime.metrics import read_metrics
 from jaxcore.trl.callbacks import instances as callback_instances
 from jaxcore.trl.callbacks import observer as callback_observer
@@ -33,17 +34,6 @@ class TrainOutput(NamedTuple):
     global_step: int
     training_loss: float
     metrics: dict[str, Any]
-
-
-@dataclasses.dataclass
-class TrainerState:
-    """The part of transformers' `TrainerState` a script or a callback reads."""
-
-    global_step: int = 0
-    max_steps: int = 0
-    epoch: float = 0.0
-    log_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    is_world_process_zero: bool = True
 
 
 class Trainer:
@@ -151,6 +141,7 @@ class Trainer:
             r = job.rewards
             with Scorer(task.reward_fns, task.reward_weights, num_workers=r.num_workers, timeout_s=r.timeout_s,
                         fallback=r.fallback) as scorer:
+                scorer.trainer_state = self.state                     # TRL's trainer_state in evaluation too
                 metrics = evaluate(model, list(task.eval), scorer, rollout, batch_size=job.train.eval_batch_size,
                                    samples_per_prompt=job.train.eval_samples_per_prompt)
         finally:

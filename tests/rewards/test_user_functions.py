@@ -66,6 +66,13 @@ def late_not_number(prompts, completions, completion_ids, **kwargs):
 def hinted(prompts, completions, hint, **kwargs):
     """A column that only some rows of the dataset have."""
     return [0.0 if h is None else 1.0 for h in hint]
+
+
+def scheduled(prompts, completions, trainer_state, **kwargs):
+    """TRL's dynamic reward shaping: names trainer_state; logs a metric and a column through the keywords."""
+    kwargs["log_metric"]("shaping/step", float(trainer_state.global_step))
+    kwargs["log_extra"]("length", [len(c) for c in completions])
+    return [float(trainer_state.global_step + trainer_state.epoch)] * len(completions)
 '''
 
 
@@ -95,8 +102,9 @@ def test_trl_function_gets_columns_ids_and_none(user_files):
     completions = [Completion("abc", [5, 6, 7, 8]), Completion("d", [9])]
     result = Scorer(fns, weights).score(completions, examples)
     np.testing.assert_allclose(result.per_function["brevity"], [-1.0, np.nan])
-    np.testing.assert_allclose(result.per_function["echo_columns"], [3.0, 3.0])  # completion_ids, target_len, topic
-    np.testing.assert_allclose(result.rewards_B, [-1.0 + 1.5, 1.5])                # None skipped (NaN-aware)
+    np.testing.assert_allclose(result.per_function["echo_columns"], [6.0, 6.0])  # completion_ids, target_len, topic
+    # and TRL's trainer keywords: trainer_state, log_extra, log_metric
+    np.testing.assert_allclose(result.rewards_B, [-1.0 + 3.0, 3.0])                # None skipped (NaN-aware)
 
 
 def test_conversational_prompt_gets_message_completions():
@@ -118,6 +126,24 @@ def test_functions_are_imported_by_spec_in_worker_processes(user_files):
     with Scorer(fns, weights, num_workers=2) as scorer:
         result = scorer.score([Completion("a", [1, 2])] * 4, examples)
     np.testing.assert_allclose(result.per_function["brevity"], [-1.0] * 4)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_trls_trainer_keywords_reach_the_function_with_trls_meaning(user_files, num_workers):
+    """TRL 1.16 passes trainer_state, log_metric and log_extra on every call: a function naming trainer_state is
+    accepted, reads the run's state, and what it logs comes back with the scores, in-process and from worker
+    processes. (Before: a trainer_state parameter was refused at start, and kwargs["log_metric"] failed every
+    call, so the run trained on fallbacks.)"""
+    from jaxcore.rewards.types import TrainerState
+
+    fns, weights = resolve_rewards([f"{user_files}/my_rewards.py:scheduled"], columns=["topic"])
+    with Scorer(fns, weights, num_workers=num_workers) as scorer:
+        scorer.trainer_state = TrainerState(global_step=6, max_steps=12, epoch=1.5)
+        result = scorer.score(["ab", "c", "def", "gh"], examples_with([{"topic": "x"}] * 4))
+    assert result.failures == {"scheduled": 0}
+    np.testing.assert_allclose(result.rewards_B, [7.5] * 4)
+    calls = 1 if num_workers == 0 else 2                   # one call per chunk, one chunk per worker
+    assert result.metrics == {"shaping/step": [6.0] * calls} and result.columns == {"length": [2, 1, 3, 2]}
 
 
 @pytest.mark.parametrize("spec, message", [

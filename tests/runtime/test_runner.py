@@ -269,6 +269,29 @@ def test_crashing_and_hanging_rewards_get_fallbacks_and_training_continues(tiny_
     assert all(r["rewards/digit_match/failures"] == 0 for r in records)
 
 
+@pytest.mark.parametrize("command", ["es", "grpo"])
+def test_a_run_whose_every_reward_call_fails_stops_in_one_line_without_training_on_fallbacks(tiny_dir, tmp_path,
+                                                                                            capsys, command):
+    """A reward function that fails on every call (here: it reads a column the data does not have): each step is a
+    bad step, not applied, and after train.max_bad_steps of them in a row the run stops with one line naming the
+    function and its error. (Before: the run trained to its end on the fallback 0.0, with only warnings.)"""
+    from cli_runs import grpo_args
+
+    (tmp_path / "broken.py").write_text("def broken(prompts, completions, **kwargs):\n"
+                                        "    return [float(kwargs['score']) for _ in completions]\n")
+    out = tmp_path / "out"
+    args = es_args if command == "es" else grpo_args
+    code, err = run_cli(capsys, command, *args(tiny_dir("llama"), out, "train.epochs=4", "train.eval_every=-1",
+                                               "train.checkpoint_every=1", "train.max_bad_steps=2",
+                                               f"rewards.functions=['{tmp_path}/broken.py:broken']"))
+    assert code != 0
+    assert ("2 consecutive bad steps (every reward call failed; reward 'broken': KeyError: 'score')" in err[-1]
+            and "no checkpoint was written" in err[-1]), err[-3:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in records] == [True, True]
+    assert not (out / "final_hf").exists()
+
+
 # --------------------------------------------------------------------------- multi-host
 
 

@@ -1,7 +1,8 @@
 """TRL's documented GRPO examples (scripts/: the quickstart with a dataset-column reward, conversational data, LoRA
-through peft_config, a TrainerCallback that stops training early, a tool, an environment_factory), on a local tiny
-model and dataset, run once through TRL 1.16 and once through jaxcore with only the import line changed: the same
-optimizer steps, every metric name TRL logs, the same saved files, the same callback hooks."""
+through peft_config, a TrainerCallback that stops training early, a tool, an environment_factory, passes over a
+dataset with a reward reading trainer_state and calling log_metric), on a local tiny model and dataset, run once
+through TRL 1.16 and once through jaxcore with only the import line changed: the same optimizer steps, every metric
+name TRL logs, the same saved files, the same callback hooks, the same prompts per pass and the same precision."""
 
 from __future__ import annotations
 
@@ -81,6 +82,29 @@ def test_a_trl_example_runs_on_jaxcore_by_changing_its_import(script, tiny_dir, 
     elif "files" in theirs:
         assert "adapter_config.json" in theirs["files"] and "adapter_config.json" in ours["files"]
         assert PEFT_WEIGHTS & set(theirs["files"]) and PEFT_WEIGHTS & set(ours["files"])
+
+
+def test_a_trl_run_and_a_jaxcore_run_walk_the_same_passes_in_the_same_precision(tiny_dir, tmp_path):
+    """scripts/passes.py through TRL 1.16 and through jaxcore (the import changed): in both, each of the two passes
+    trains every prompt once, shuffled or not; with shuffle_dataset=False both walk the same prompts in the same
+    order, and in both runs the reward function gets the same trainer_state and logs the same log_metric values;
+    both train in bf16 over float32 weights. (Before: jaxcore refused the function's trainer_state parameter at
+    start, drew each generation's prompts independently and trained in float32.)"""
+    source = (SCRIPTS / "passes.py").read_text()
+    theirs = run_script(source, tiny_dir("llama"), tmp_path / "trl")
+    ours = run_script(source.replace(TRL_IMPORT, JAXCORE_IMPORT), tiny_dir("llama"), tmp_path / "jaxcore")
+    prompts = sorted(f"Write about the number {i}." for i in range(12))
+    for run in (theirs, ours):
+        for walk in run.values():
+            calls = walk["calls"]
+            assert walk["global_step"] == len(calls) == 6
+            assert [sorted(sum((c["prompts"] for c in calls[p:p + 3]), [])) for p in (0, 3)] == [prompts, prompts]
+        assert [(r["bf16"], r["compute"], r["weights"]) for r in run.values()] == (
+            [(True, "bf16", "float32")] * 2 if run is theirs else [(True, "bfloat16", "float32")] * 2)
+    assert (ours["ordered"]["calls"], ours["ordered"]["logged"]) == (theirs["ordered"]["calls"],
+                                                                     theirs["ordered"]["logged"])
+    state = [{k: v for k, v in c.items() if k != "prompts"} for c in theirs["shuffled"]["calls"]]
+    assert [{k: v for k, v in c.items() if k != "prompts"} for c in ours["shuffled"]["calls"]] == state
 
 
 def test_chat_template_kwargs_reach_every_render_of_the_chat_template(shouting_model, tmp_path):
