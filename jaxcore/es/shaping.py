@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcore.runtime.reward_scale import power_of_two_scale
+from jaxcore.runtime.reward_scale import in_units
 
 Array = jax.Array
 
@@ -26,26 +26,26 @@ def centered_ranks(x_N: Array) -> Array:
     return rank / max(n - 1, 1) - 0.5
 
 
-def _scaled(f_N: Array) -> tuple[Array, float | Array]:
-    """f / 2**k and the variance floor 1e-5 in the same units: the same z-scores, finite for f ~ 1e20."""
-    scale = power_of_two_scale(f_N)
-    return f_N / scale, 1e-5 / (scale * scale)
+def _over_std(centred_N: Array, unit_N: Array, f_N: Array) -> Array:
+    """`centred_N` (in units of `unit_N`) over sqrt(var(f) + 1e-5), the variance in f's own power of two
+    (`in_units`) and the 1e-5 in the same units: finite for f ~ 1e20."""
+    y_N, unit = in_units(f_N)
+    return centred_N * (unit_N / unit) / jnp.sqrt(y_N.var() + 1e-5 / (unit * unit))
 
 
 def zscore(f_N: Array, group_size: int | None) -> Array:
     """(f - mean) / sqrt(var + 1e-5)."""
-    f_N, eps = _scaled(f_N)
-    return (f_N - f_N.mean()) / jnp.sqrt(f_N.var() + eps)
+    y_N, unit = in_units(f_N)
+    return _over_std(y_N - y_N.mean(), unit, f_N)
 
 
 def group_zscore(f_N: Array, group_size: int | None) -> Array:
-    """Each group of `group_size` consecutive entries minus its mean, over the global std."""
+    """Each group of `group_size` consecutive entries minus its mean (in the group's own power of two: one huge
+    group leaves the others' deviations alone), over the global std."""
     if not group_size or f_N.shape[0] % group_size:
         raise ValueError(f"group_zscore needs a group_size dividing {f_N.shape[0]}, got {group_size}")
-    f_N, eps = _scaled(f_N)
-    grouped = f_N.reshape(-1, group_size)
-    centred = (grouped - grouped.mean(1, keepdims=True)).reshape(-1)
-    return centred / jnp.sqrt(f_N.var() + eps)
+    y_NG, unit_N1 = in_units(f_N.reshape(-1, group_size), axis=1)
+    return _over_std((y_NG - y_NG.mean(1, keepdims=True)).reshape(-1), jnp.repeat(unit_N1[:, 0], group_size), f_N)
 
 
 def centered_rank(f_N: Array, group_size: int | None) -> Array:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxcore.grpo.config import SCALES
-from jaxcore.runtime.reward_scale import power_of_two_scale
+from jaxcore.runtime.reward_scale import in_units, power_of_two_scale
 
 Array = jax.Array
 
@@ -53,21 +53,36 @@ def combine_rewards(per_function: Mapping[str, Any], weights: Mapping[str, float
 def _nanmean(x: Array, axis: int | None) -> Array:
     """Mean ignoring NaNs, of x divided by a power of two (`power_of_two_scale`: exact, 1 for rewards below 2**50)
     and multiplied back, so that rewards near float32's limit do not overflow the sum."""
-    scale = power_of_two_scale(x)
+    scale = power_of_two_scale(x, axis)
     valid = ~jnp.isnan(x)
     return scale * (jnp.where(valid, x / scale, 0.0).sum(axis, keepdims=True) / valid.sum(axis, keepdims=True))
 
 
-def _nanstd(x: Array, axis: int | None) -> Array:
-    """Sample std (ddof=1) ignoring NaNs; NaN where fewer than two values (TRL's `nanstd`), of x divided by a power
-    of two and multiplied back, so that large rewards (1e20: squares past float32's limit) keep a finite std."""
-    scale = power_of_two_scale(x)
-    y = x / scale
+class Spread(NamedTuple):
+    """Rewards' spread along an axis, in units of a power of two per slice (`in_units`): TRL's numbers below
+    2**50, finite above."""
+
+    deviation: Array    # x minus its NaN-aware mean, in `unit`s (NaN where x is)
+    std: Array          # sample std (ddof 1) in `unit`s; NaN where fewer than two values (TRL's `nanstd`)
+    unit: Array         # 2**k per slice (the axis kept, of length 1)
+
+
+def spread(x: Array, axis: int | None) -> Spread:
+    """x's deviations from its NaN-aware mean and its sample std along `axis` (None: all of x)."""
+    y, unit = in_units(x, axis)
     valid = ~jnp.isnan(y)
     count = valid.sum(axis, keepdims=True)
-    dev = jnp.where(valid, y - _nanmean(y, axis), 0.0)
-    var = (dev * dev).sum(axis, keepdims=True) / (count - 1)
-    return jnp.where(count > 1, scale * jnp.sqrt(var), jnp.nan)
+    deviation = y - jnp.where(valid, y, 0.0).sum(axis, keepdims=True) / count
+    counted = jnp.where(valid, deviation, 0.0)
+    var = (counted * counted).sum(axis, keepdims=True) / (count - 1)
+    return Spread(deviation, jnp.where(count > 1, jnp.sqrt(var), jnp.nan), unit)
+
+
+def _nanstd(x: Array, axis: int | None) -> Array:
+    """Sample std (ddof 1) ignoring NaNs; NaN where fewer than two values (TRL's `nanstd`), finite for rewards of
+    any finite size (1e20: squares past float32's limit)."""
+    s = spread(x, axis)
+    return s.unit * s.std
 
 
 def reward_std(rewards_B: Array, group_size: int, scale: str) -> Array:
@@ -97,17 +112,18 @@ def compute_advantages(rewards_B: Array, group_size: int, scale: str = "group") 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _advantages(rewards_B: Array, group_size: int, scale: str) -> Array:
-    """`compute_advantages` as one program (rather than a dozen, each compiled on its first use)."""
+    """`compute_advantages` as one program (rather than a dozen, each compiled on its first use). Each group is
+    taken in its own power of two and the batch's std in the batch's (`spread`): rewards spread over float32's
+    range keep a finite difference from their mean and a finite std, and one huge reward changes no other group."""
+    group = spread(rewards_B.reshape(-1, group_size), 1)
     if scale == "none":
-        rewards_NG = rewards_B.reshape(-1, group_size)
-        return jnp.nan_to_num((rewards_NG - _nanmean(rewards_NG, 1)).reshape(-1), nan=0.0)
-    # in units of a power of two (exact; 1 below 2**50): rewards spread over float32's range keep a finite
-    # difference from their mean and a finite std
-    unit = power_of_two_scale(rewards_B)
-    scaled_NG = (rewards_B / unit).reshape(-1, group_size)
-    centred_B = (scaled_NG - _nanmean(scaled_NG, 1)).reshape(-1)
-    advantages_B = centred_B / (reward_std(rewards_B / unit, group_size, scale) + STD_EPS / unit)
-    return jnp.nan_to_num(advantages_B, nan=0.0)
+        advantages_NG = group.deviation * group.unit
+    elif scale == "group":
+        advantages_NG = group.deviation / (group.std + STD_EPS / group.unit)
+    else:
+        batch = spread(rewards_B, None)
+        advantages_NG = group.deviation * (group.unit / batch.unit) / (batch.std + STD_EPS / batch.unit)
+    return jnp.nan_to_num(advantages_NG.reshape(-1), nan=0.0)
 
 
 def normalized_sum_advantages(values_BK: Array, weights_K: Array, group_size: int) -> tuple[Array, Array]:
@@ -123,16 +139,16 @@ def normalized_sum_advantages(values_BK: Array, weights_K: Array, group_size: in
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def _normalized_sum(values_BK: Array, weights_K: Array, group_size: int) -> tuple[Array, Array]:
-    grouped_NGK = values_BK.reshape(-1, group_size, values_BK.shape[1])
-    mean_N1K = _nanmean(grouped_NGK, 1)
-    std_N1K = _nanstd(grouped_NGK, 1) if group_size > 1 else jnp.zeros_like(mean_N1K)
-    normalized_BK = ((grouped_NGK - mean_N1K) / (std_N1K + STD_EPS)).reshape(values_BK.shape)
+    group = spread(values_BK.reshape(-1, group_size, values_BK.shape[1]), 1)    # per group and function
+    std_N1K = group.std if group_size > 1 else jnp.zeros_like(group.std)
+    normalized_BK = (group.deviation / (std_N1K + STD_EPS / group.unit)).reshape(values_BK.shape)
     terms_BK = normalized_BK * weights_K
     summed_B = jnp.where(jnp.isnan(terms_BK), 0.0, terms_BK).sum(1)
     summed_B = jnp.where(jnp.isnan(values_BK).all(1), jnp.nan, summed_B)
-    std = _nanstd(summed_B, None) if summed_B.size > 1 else jnp.zeros((1,))
-    advantages_B = (summed_B - _nanmean(summed_B, None)) / (std + STD_EPS)
-    return jnp.nan_to_num(advantages_B, nan=0.0), jnp.isclose(std, 0.0).astype(jnp.float32).mean()
+    batch = spread(summed_B, None)
+    std = batch.std if summed_B.size > 1 else jnp.zeros((1,))
+    advantages_B = batch.deviation / (std + STD_EPS / batch.unit)
+    return jnp.nan_to_num(advantages_B, nan=0.0), jnp.isclose(batch.unit * std, 0.0).astype(jnp.float32).mean()
 
 
 def reward_metrics(per_function: Mapping[str, Any], rewards_B: Array, group_size: int, scale: str = "group"

@@ -4,6 +4,10 @@ A reward of 1e20 is finite in float32, but its square is not, so a z-score or a 
 comes out inf or NaN and the update silently vanishes. Dividing the rewards by a power of two first keeps every
 square finite, and the division is exact: where the rewards are already small enough the scale is 1 and the numbers
 are bit for bit those of the plain formula (TRL's and the torch reference's).
+
+The power of two is taken per slice that a statistic runs over (a group for a group's mean and std, the whole batch
+for a batch's), so that one huge reward leaves every other group in units of 1: in the batch's units their
+deviations would square below float32's normal range and flush to 0.
 """
 
 from __future__ import annotations
@@ -14,8 +18,15 @@ import jax.numpy as jnp
 LARGEST_EXPONENT = 50           # |reward / scale| <= 2**50: squares summed over 2**20 rows stay below float32's max
 
 
-def power_of_two_scale(x: jax.Array) -> jax.Array:
-    """2**k, k >= 0, the smallest making every finite |x| / 2**k at most 2**LARGEST_EXPONENT (NaNs ignored)."""
-    biggest = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), initial=1.0)
+def power_of_two_scale(x: jax.Array, axis: int | None = None) -> jax.Array:
+    """2**k, k >= 0, the smallest making every finite |x| / 2**k at most 2**LARGEST_EXPONENT (NaNs ignored); one per
+    slice along `axis` (kept, of length 1), or one for all of x where `axis` is None (every axis kept)."""
+    biggest = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), axis=axis, keepdims=True, initial=1.0)
     exponent = jnp.maximum(jnp.ceil(jnp.log2(biggest)) - LARGEST_EXPONENT, 0).astype(jnp.int32)
-    return jnp.ldexp(jnp.ones((), x.dtype), exponent)
+    return jnp.ldexp(jnp.ones_like(biggest), exponent)
+
+
+def in_units(x: jax.Array, axis: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """(x / unit, unit), unit = `power_of_two_scale(x, axis)`: exact, and x itself while it stays below 2**50."""
+    unit = power_of_two_scale(x, axis)
+    return x / unit, unit

@@ -26,6 +26,7 @@ PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_mod
 # read only with a refused one (megatron_core with megatron_config, qalora_group_size with use_qalora)
 PEFT_DESCRIPTIVE = ("task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision",
                     "runtime_config", "megatron_core", "qalora_group_size")
+PEFT_HINTS = {"inference_mode": " (a frozen adapter: PeftModel.from_pretrained(..., is_trainable=True) trains it)"}
 
 
 class TrainOutput(NamedTuple):
@@ -39,9 +40,9 @@ class TrainOutput(NamedTuple):
 class Trainer:
     """What jaxcore.trl's trainers share: transformers' `Trainer` surface (`train`, `evaluate`, `save_model`, `state`,
     `callbacks`, `processing_class`) over a jaxcore trainer (`job_trainer_type`) built from the flat arguments'
-    job config. `model` is a local model directory (or a loaded transformers / peft model saved in one: its
-    `name_or_path`); `processing_class` a tokenizer (or its directory) when the model's directory has none;
-    `callbacks` are transformers' `TrainerCallback`s (`jaxcore.trl.callbacks`)."""
+    job config. `model` is a local model directory or a loaded transformers / peft model, and `processing_class` a
+    tokenizer or its directory (default: the model's directory), each used as it is in memory
+    (`jaxcore.trl.sources`); `callbacks` are transformers' `TrainerCallback`s (`jaxcore.trl.callbacks`)."""
 
     args_type: type
     job_trainer_type: type
@@ -49,10 +50,14 @@ class Trainer:
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any,
                  processing_class: Any, callbacks: Sequence[Any] | None, **job_args: Any) -> None:
-        model_path = _local_directory(model, "model")
+        self.model_source = ModelSource(model)
+        if self.model_source.peft_config is not None and self.lora is None:
+            raise ValueError(f"{type(self).__name__}: model is a peft model, whose base stays frozen; this trainer "
+                             "trains the model's own weights (pass model.merge_and_unload())")
+        model_path = self.model_source.path
         if args is None:
             kind = self.args_type.__name__.removesuffix("Config")
-            args = self.args_type(output_dir=f"{Path(model_path).name}-{kind}")
+            args = self.args_type(output_dir=f"{self.model_source.name}-{kind}")
         if not isinstance(args, self.args_type):
             raise TypeError(f"args must be a jaxcore.trl.{self.args_type.__name__}, got {type(args).__name__}")
         self.callbacks = callback_instances(callbacks or ())
@@ -61,13 +66,13 @@ class Trainer:
         if eval_dataset is None and strategy(args.eval_strategy) != "no":
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         self.args, self.model_path = args, model_path
-        self.tokenizer_dir = (None if processing_class is None
-                              else _local_directory(processing_class, "processing_class"))
+        self.tokenizer_source = TokenizerSource(processing_class, model_path)
+        self.tokenizer_dir = self.tokenizer_source.path
         self.train_rows = _row_count(train_dataset)
         self.eval_rows = None if eval_dataset is None else _row_count(eval_dataset)
-        self._job_args = dict(model=model_path, reward_funcs=reward_funcs, train_dataset=train_dataset,
+        self._job_args = dict(reward_funcs=reward_funcs, train_dataset=train_dataset,
                               eval_dataset=eval_dataset if eval_dataset is not None else train_dataset,
-                              tokenizer=self.tokenizer_dir if self.tokenizer_dir != model_path else None, **job_args)
+                              tokenizer=self.tokenizer_dir, **job_args)
         self.job_trainer = self._job_trainer(data_parallel_devices())   # every argument checked now, before any work
         self.state = TrainerState()
 
@@ -86,7 +91,8 @@ class Trainer:
             job.train.eval_every = -1                       # no eval_dataset: TRL trains on every row
         else:
             job.train.eval_prompts = self.eval_rows         # TRL evaluates every row of eval_dataset
-        return self.job_trainer_type(args=job, **self._job_args)
+        model = self.model_source.model(self.lora, job.model.dtype, job.model.remat)
+        return self.job_trainer_type(args=job, model=model, **self._job_args)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Train, or continue the run in `args.output_dir` (`resume_from_checkpoint=True`, or a path inside it: jaxcore
@@ -124,13 +130,14 @@ class Trainer:
         if eval_dataset is None and self._job_args["eval_dataset"] is self._job_args["train_dataset"]:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         job = self.job_trainer.args
-        trainer = (self.job_trainer if eval_dataset is None
-                   else self.job_trainer_type(args=job, **{**self._job_args, "eval_dataset": eval_dataset}))
+        trainer = (self.job_trainer if eval_dataset is None else self.job_trainer_type(
+            args=job, model=self.model_path, **{**self._job_args, "eval_dataset": eval_dataset}))
         final = Path(job.train.out_dir) / "final_hf"
-        model_dir = str(final) if final.is_dir() else self.model_path
-        model, tok_dir = model_checkpoint.load_any(model_dir, job.model.dtype)
+        start = final if final.is_dir() else self.model_source.model(self.lora, job.model.dtype, False)
+        model, tok_dir = (model_checkpoint.load_any(start, job.model.dtype) if isinstance(start, (str, Path))
+                          else (start, None))      # the loaded model, before training
         tokenizer = tokenization.with_chat_template_kwargs(
-            tokenization.load_tokenizer(self.tokenizer_dir or tok_dir or model_dir), job.rollout.chat_template_kwargs)
+            tokenization.load_tokenizer(self.tokenizer_dir or tok_dir), job.rollout.chat_template_kwargs)
         agent = build_agent(job.rollout, job.rewards, tools=trainer.tools,
                             environment_factory=trainer.environment_factory, rollout_func=trainer.rollout_func)
         if agent is not None and not job.rollout.multi_turn:
@@ -209,7 +216,15 @@ class GRPOTrainer(Trainer):
         if reward_processing_classes is not None:
             warnings.warn("reward_processing_classes has no effect in jaxcore: each reward model's tokenizer is "
                           "read from its directory", UserWarning, stacklevel=2)
-        self.lora = None if peft_config is None else lora_config(peft_config)
+        model_config = ModelSource(model).peft_config
+        if model_config is not None and peft_config is not None:
+            raise ValueError("You passed a `PeftModel` instance together with a `peft_config` to the trainer. Please "
+                             "first merge and unload the existing adapter, save the resulting base model, and then "
+                             "pass that base model along with the new `peft_config` to the trainer.")
+        if model_config is not None:
+            self.lora = lora_config(model_config, "model.peft_config")      # the peft model's adapter trains on
+        elif peft_config is not None:
+            self.lora = lora_config(peft_config)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks,
                          tools=tools, environment_factory=environment_factory,
                          rollout_func=rollout_func and self._calls_with_this_trainer(rollout_func))
@@ -239,22 +254,23 @@ def data_parallel_devices() -> int:
     return jax.device_count()
 
 
-def lora_config(peft_config: Any) -> LoRAConfig:
+def lora_config(peft_config: Any, name: str = "peft_config") -> LoRAConfig:
     """peft's `LoraConfig` as jaxcore's: `PEFT_FIELDS` with peft's meaning (its matching of module names and
     patterns: `jaxcore.hf.peft`); any other setting away from peft's default (bias, rsLoRA, DoRA, lora_bias,
     layer_replication, trainable_token_indices, target_parameters, inference_mode, ...) is a one-line ValueError."""
     if not dataclasses.is_dataclass(peft_config) or getattr(peft_config, "peft_type", None) != "LORA":
-        raise ValueError(f"peft_config: jaxcore trains LoRA adapters (a peft LoraConfig), got "
+        raise ValueError(f"{name}: jaxcore trains LoRA adapters (a peft LoraConfig), got "
                          f"{type(peft_config).__name__}")
     default = type(peft_config)()
-    refused = [f"{f.name}={getattr(peft_config, f.name)!r}" for f in dataclasses.fields(peft_config)
+    refused = [f"{f.name}={getattr(peft_config, f.name)!r}{PEFT_HINTS.get(f.name, '')}"
+               for f in dataclasses.fields(peft_config)
                if f.name not in (*PEFT_FIELDS, *PEFT_DESCRIPTIVE)
                and getattr(peft_config, f.name) != getattr(default, f.name)]
     if refused:
-        raise ValueError(f"peft_config: not supported by jaxcore: {', '.join(refused)}")
+        raise ValueError(f"{name}: not supported by jaxcore: {', '.join(refused)}")
     targets = peft_config.target_modules
     if targets is None:
-        raise ValueError("peft_config.target_modules: name the modules (e.g. ['q_proj', 'v_proj']); jaxcore has no "
+        raise ValueError(f"{name}.target_modules: name the modules (e.g. ['q_proj', 'v_proj']); jaxcore has no "
                          "per-architecture default")
     excluded = peft_config.exclude_modules
     return LoRAConfig(rank=int(peft_config.r), alpha=float(peft_config.lora_alpha),
@@ -280,18 +296,6 @@ def history_entry(step: int, metrics: dict[str, Any], per_rollout: int, per_epoc
     entry["step"] = step * per_rollout
     entry["epoch"] = entry["step"] / per_epoch
     return entry
-
-
-def _local_directory(value: Any, name: str) -> str:
-    """A path, or a loaded transformers/peft object's `name_or_path`, naming a local directory."""
-    path = value if isinstance(value, (str, os.PathLike)) else getattr(value, "name_or_path", None)
-    if path is None:
-        raise TypeError(f"{name} must be a local directory or a loaded transformers object saved in one, got "
-                        f"{type(value).__name__}")
-    if not Path(path).is_dir():
-        raise ValueError(f"{name}={os.fspath(path)!r}: not a local directory (jaxcore reads models and tokenizers "
-                         "from disk; nothing is downloaded)")
-    return os.fspath(path)
 
 
 def _row_count(dataset: Any) -> int:
