@@ -6,7 +6,9 @@
     summary = trainer.train()      # metrics.jsonl, checkpoints/, reward.png, final_hf/ under args.train.out_dir
 
 `model` is a path (HF directory or jaxcore checkpoint) or a loaded `jaxcore.Transformer` (then pass
-`tokenizer`, a directory with the tokenizer files). `reward_funcs` are TRL-style callables, spec
+`tokenizer`, a directory with the tokenizer files; given with a path, it replaces the model's own). A
+Transformer holding LoRA stand-ins (`jaxcore.model.lora.lora_model`) continues training those adapters
+(GRPO with `grpo.lora`, their config). `reward_funcs` are TRL-style callables, spec
 strings ("my_rewards.py:fn", "pkg.mod:fn", "model:DIR") or built-in names; without them the
 config's `rewards.functions` or the task's own rewards are used (with `train_dataset`, none: allowed, as in TRL,
 when the environment scores its episodes with `get_reward`). `args.rewards.weights` go one per

@@ -9,7 +9,8 @@ One rollout is split into `steps_per_generation / gradient_accumulation_steps` o
 generation batch is, stopping at the first non-finite step (not applied); old log-probs are stored before
 the first step whenever a step can see a policy other than the one that sampled (`cfg.old_logp_source`).
 With `cfg.grpo.lora`, the trainable parameters are only the adapters (`jaxcore.model.lora`) over the frozen
-base, and the reference model is that base (no copy).
+base, and the reference model is that base (no copy); a model holding LoRA stand-ins (a peft model's adapter,
+`lora.lora_model`) continues training them, with a copy of them as the reference, as TRL's "ref" adapter.
 With `sync_ref_model`, every `ref_model_sync_steps` optimiser steps the reference parameters become
 alpha * policy + (1 - alpha) * reference (TRL's SyncRefModelCallback).
 With `cfg.model.scan_layers` (the default) the train state holds the blocks stacked (`jaxcore.model.layer_stack`)
@@ -91,12 +92,21 @@ class GRPOLearner:
                  fsdp_min_size: int = SHARD_MIN_SIZE):
         self.cfg, self.mesh = cfg, mesh
         g = cfg.grpo
-        model = configure_model(model, compute_dtype, remat)
+        model, initial, initial_scalings = lora.split_adapters(configure_model(model, compute_dtype, remat))
+        if initial and g.lora is None:
+            raise ValueError("the model holds LoRA adapters (a peft model): grpo.lora (their config) trains them")
         if g.lora is not None:
             model = lora.frozen_base(model, g.lora)
         self.num_layers = model.config.num_layers
-        adapters = None if g.lora is None else peft.init_peft_adapters(model, g.lora, jax.random.key(cfg.train.seed))
         self.layer_scalings = None if g.lora is None else peft.adapter_scalings(model, g.lora)   # per-layer paths
+        if g.lora is None:
+            adapters = None
+        elif initial:           # a peft model's adapter: training continues it
+            expected = jax.eval_shape(lambda: peft.init_peft_adapters(model, g.lora, jax.random.key(0)))
+            _check_continued(initial, initial_scalings, expected, self.layer_scalings)
+            adapters = initial
+        else:
+            adapters = peft.init_peft_adapters(model, g.lora, jax.random.key(cfg.train.seed))
         self.scanned = cfg.model.scan_layers and self._stackable(adapters)
         self.scalings = (lora.stacked_scalings(self.layer_scalings, self.num_layers)
                          if self.scanned and g.lora is not None else self.layer_scalings)
@@ -139,7 +149,13 @@ class GRPOLearner:
         self._mix = jax.jit(lambda ref, pol, a: jax.tree.map(lambda r, p: (a * p + (1 - a) * r).astype(r.dtype),
                                                              ref, pol))
         self._split = jax.jit(lambda b: _micro_batches(b, g.steps_per_rollout, self.micro_sharding))
-        self.ref = self._init_ref(ref_model, base) if g.beta != 0.0 else None
+        # TRL's reference for a peft model is a copy of its adapter (on the same base): adapters, not a model
+        self.ref_is_adapters = bool(initial) and ref_model is None and g.beta != 0.0
+        if self.ref_is_adapters:
+            copy = (lambda x: x) if abstract else jnp.copy
+            self.ref = None, jax.tree.map(copy, params), None
+        else:
+            self.ref = self._init_ref(ref_model, base) if g.beta != 0.0 else None
 
     def _stackable(self, adapters: Any) -> bool:
         """Whether the blocks can train stacked: always without LoRA; with LoRA, when every adapted kind of kernel
@@ -190,7 +206,8 @@ class GRPOLearner:
         params = state.params
         state = TrainState(state.step, self.to_layer_layout(params),
                            layer_stack.map_like(self.to_layer_layout, state.opt_state, params), state.entropy_control)
-        return state, None if ref is None else layer_stack.unstack_params(ref)
+        return state, None if ref is None else (self.to_layer_layout(ref) if self.ref_is_adapters
+                                                else layer_stack.unstack_params(ref))
 
     def load_layer_state(self, state: TrainState, ref: Params | None = None) -> None:
         """Set the train state (and the reference parameters) from the per-layer layout of `layer_state`."""
@@ -199,7 +216,8 @@ class GRPOLearner:
             state = TrainState(state.step, self.to_training_layout(params),
                                layer_stack.map_like(self.to_training_layout, state.opt_state, params),
                                state.entropy_control)
-            ref = None if ref is None else layer_stack.stack_params(ref)
+            ref = None if ref is None else (self.to_training_layout(ref) if self.ref_is_adapters
+                                            else layer_stack.stack_params(ref))
             if self.mesh is not None:
                 state = jax.device_put(state, self.state_shardings)
                 ref = None if ref is None else jax.device_put(ref, jax.tree.map(lambda x: x.sharding, self.ref[1]))
@@ -219,6 +237,10 @@ class GRPOLearner:
         graphdef, ref_params, rest = nnx.split(model, nnx.Param, ...)
         ref_params = placed(nnx.to_pure_dict(ref_params), jax.tree.map(lambda p: p.sharding, base), is_abstract(base))
         return graphdef, ref_params, rest
+
+    def _ref_frozen(self) -> Any:
+        """The base the reference's adapters apply to (`ref_is_adapters`), else None (the reference is a model)."""
+        return self.frozen if self.ref_is_adapters else None
 
     def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, input_ids_BT: jax.Array,
                   attention_mask_BT: jax.Array, start: int = 0, frozen: Any = None) -> jax.Array:
@@ -274,7 +296,7 @@ class GRPOLearner:
             batch = batch.replace(old_logp_BL=self._score(None, self.state.params, None, ids, mask, s, self.frozen))
         if self.ref is not None and batch.ref_logp_BL is None:
             graphdef, params, rest = self.ref
-            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask, s))
+            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask, s, self._ref_frozen()))
         return batch
 
     def make_programs(self, rows: int, prompt_width: int, completion_width: int, rollout_logprobs: bool) -> None:
@@ -303,7 +325,8 @@ class GRPOLearner:
             batch = batch.replace(old_logp_BL=score(None, params, None, ids, mask, p - 1, frozen))
         if self.ref is not None:
             graphdef, ref_params, rest = self.ref
-            batch = batch.replace(ref_logp_BL=score(graphdef, _abstract(ref_params), rest, ids, mask, p - 1))
+            batch = batch.replace(ref_logp_BL=score(graphdef, _abstract(ref_params), rest, ids, mask, p - 1,
+                                                    _abstract(self._ref_frozen())))
         if self.cfg.grpo.steps_per_rollout != 1:
             return
         _, num_items = self.step_batches(batch)          # as a real rollout's: its small programs, its placement
@@ -369,6 +392,19 @@ class GRPOLearner:
                 if not finite(steps[-1]):
                     return steps
         return steps
+
+
+def _check_continued(adapters: Any, scalings: Any, planned: Any, planned_scalings: Any) -> None:
+    """Adapters to continue training must be those grpo.lora would make (`planned`, shapes will do): the same
+    kernels, ranks and scalings; else one line naming the first that differs."""
+    def layout(tree: Any, scale: Any) -> dict[str, Any]:
+        return {p: (ab["a"].shape, ab["b"].shape, scale[p]) for p, ab in tree.items()}
+
+    ours, theirs = layout(adapters, scalings), layout(planned, planned_scalings)
+    differs = sorted(p for p in set(ours) | set(theirs) if ours.get(p) != theirs.get(p))
+    if differs:
+        raise ValueError(f"the model's LoRA adapters are not grpo.lora's: {differs[0]} differs in kernel, rank or "
+                         "scaling")
 
 
 def is_abstract(tree: Any) -> bool:

@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxcore.config.schema import Checked
 from jaxcore.model import layer_stack
-from jaxcore.model.state import module_copy, variable_at
+from jaxcore.model.state import flat_state, module_copy, variable_at
 from jaxcore.model.transformer import Transformer
 
 Array = jax.Array
@@ -183,6 +183,17 @@ def merged_model(base: Transformer, adapters: Adapters, cfg: LoRAConfig, dtype: 
         delta = _scaling(cfg, scalings, path) * (ab["a"].astype(jnp.float32) @ ab["b"].astype(jnp.float32))
         variable.set_value((w + delta).astype(dtype))
     return model
+
+
+def split_adapters(model: Transformer) -> tuple[Transformer, Adapters, dict[str, float]]:
+    """`lora_model`'s inverse: the base (a copy sharing the arrays), and the adapters and scalings its stand-ins
+    hold (none for a plain model), e.g. to continue training a peft model's adapter."""
+    base, adapters, scalings = module_copy(model), {}, {}
+    for path, value in flat_state(model).items():
+        if isinstance(value, LoRAKernel):
+            variable_at(base, path).set_value(value.w)
+            adapters[path], scalings[path] = {"a": value.a, "b": value.b}, value.scaling
+    return base, adapters, scalings
 
 
 def _scaling(cfg: LoRAConfig, scalings: Scalings | None, path: str) -> float:

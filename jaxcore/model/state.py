@@ -51,9 +51,20 @@ def _moments(x: jax.Array) -> jax.Array:
     return jnp.stack([jnp.abs(x.astype(jnp.float32)).sum(), jnp.square(x.astype(jnp.float32)).sum()])
 
 
+def _arrays(model: nnx.Module) -> dict[str, Any]:
+    """`flat_state`'s arrays; those of a stand-in each under '<path>.<field>'."""
+    out = {}
+    for path, value in flat_state(model).items():
+        for at, leaf in jax.tree_util.tree_leaves_with_path(value):
+            field = jax.tree_util.keystr(at, simple=True, separator=".")
+            out[f"{path}.{field}" if field else path] = leaf
+    return out
+
+
 def weight_moments(model: nnx.Module) -> dict[str, list[float]]:
     """{path: [sum |w|, sum w^2]} of every parameter: a fingerprint of the weights that tells another model of
     the same shapes apart (reduced on device, wherever the parameters live; every process gets it). One small
-    program per parameter shape, not one program over all of them (which took a second to make at 135M)."""
-    moments = {k: _moments(jnp.asarray(v)) for k, v in flat_state(model).items()}
+    program per parameter shape, not one program over all of them (which took a second to make at 135M). A
+    parameter holding a stand-in (LoRA's w, a and b) gives one entry per array it holds ('<path>.a', ...)."""
+    moments = {k: _moments(jnp.asarray(v)) for k, v in _arrays(model).items()}
     return {path: [float(v) for v in values] for path, values in jax.device_get(moments).items()}

@@ -94,9 +94,9 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
     The lock comes first, so a second run on a busy out_dir is refused at once rather than after building
     the task and loading a model; it is held through the export and released on every exit.
     `build_task` (called under the lock with `scored_by_environment=`, see `make_task`; default: the config's
-    task) and an already loaded `model` (with `tokenizer_dir`), and `tools` / `environment_factory` (added to
-    `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout, `jaxcore.agents`), or a
-    `rollout_func` (TRL's, called with `owner` as its trainer) come from the Python API
+    task) and an already loaded `model`, `tokenizer_dir` (default: the model's tokenizer), and `tools` /
+    `environment_factory` (added to `rollout.tools` / replacing `rollout.environment_factory`: a multi-turn rollout,
+    `jaxcore.agents`), or a `rollout_func` (TRL's, called with `owner` as its trainer) come from the Python API
     (`jaxcore.api`). Shared by `jaxcore es` and `jaxcore grpo`; bad input (no model path, no tokenizer, an
     algorithm setting the algorithm rejects with ValueError) is a one-line `UserError`.
     """
@@ -194,8 +194,8 @@ def _train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool, allow
         raise UserError("no reward source: give reward functions (rewards.functions, reward_funcs=) or an "
                         "environment_factory whose environment defines get_reward()")
     model_cfg = model.config if model is not None else model_config_of(cfg)     # config.json only, read once
-    tok_dir = ((tokenizer_dir or cfg.model.path or None) if model is not None else
-               model_checkpoint.tokenizer_dir_of(cfg.model.path))
+    tok_dir = tokenizer_dir or ((cfg.model.path or None) if model is not None else    # a tokenizer given: that one
+                                model_checkpoint.tokenizer_dir_of(cfg.model.path))
     tokenizer = tokenization.tokenizer_if_present(tok_dir, cfg.rollout.chat_template_kwargs)    # loaded once
     rollout = None if tokenizer is None or model_cfg is None else run_rollout(cfg, tokenizer, model_cfg, agent)
     reason = check_fits(cfg, algorithm_type, model_cfg, measured_prompt_tokens(cfg, task, rollout, model_cfg)

@@ -19,6 +19,7 @@ from jaxcore.trl.callbacks import instances as callback_instances
 from jaxcore.trl.callbacks import observer as callback_observer
 from jaxcore.trl.config import GRPOConfig
 from jaxcore.trl.flat_arguments import strategy
+from jaxcore.trl.sources import ModelSource, TokenizerSource
 
 PEFT_FIELDS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout",
                "rank_pattern": "rank_pattern", "alpha_pattern": "alpha_pattern", "exclude_modules": "exclude_modules"}
