@@ -112,7 +112,7 @@ def checked_output(output: Any, rows: int, vocab_size: int) -> dict[str, Any]:
             size = f" of {len(value)}" if hasattr(value, "__len__") else ""
             raise TaskError(f"rollout_func's {key}: expected a list of {rows} token-id lists (one per row of the "
                             f"rollout), got {type(value).__name__}{size}")
-        lists = [[int(t) for t in row] for row in value]
+        lists = [_integers(row, key, r) for r, row in enumerate(value)]
         if key != "env_mask" and any(not 0 <= t < vocab_size for row in lists for t in row):
             raise TaskError(f"rollout_func's {key}: a token id outside the model's vocabulary of {vocab_size}")
         checked[key] = lists
@@ -122,6 +122,22 @@ def checked_output(output: Any, rows: int, vocab_size: int) -> dict[str, Any]:
     if not all(checked["prompt_ids"]):
         raise TaskError("rollout_func's prompt_ids: a row has an empty prompt")
     extra = {k: v for k, v in output.items() if k not in (*REQUIRED_KEYS, *IGNORED_KEYS, "env_mask")}
-    checked["columns"] = {k: ([v[i] if i < len(v) else None for i in range(rows)] if isinstance(v, list) else
-                              [v] * rows) for k, v in extra.items()}     # TRL: a list per row, else one value
+    short = next((k for k, v in extra.items() if isinstance(v, list) and len(v) < rows), None)
+    if short is not None:           # TRL's reward call fails on the rows it lacks
+        raise TaskError(f"rollout_func's {short}: a list of {len(extra[short])} values for {rows} rows (a column is "
+                        "one value per row, or one value that is not a list for every row)")
+    checked["columns"] = {k: (v[:rows] if isinstance(v, list) else [v] * rows)
+                          for k, v in extra.items()}     # TRL: a list per row, else one value
     return checked
+
+
+def _integers(row: Any, key: str, r: int) -> list[int]:
+    """A row of token ids (or env_mask's 0/1, where True and False count) as ints; anything else (5.7, "5", True
+    as an id) is one line: it would be truncated or converted into another token."""
+    if not isinstance(row, (list, tuple, np.ndarray)):
+        raise TaskError(f"rollout_func's {key}[{r}]: expected a list of integers, got {type(row).__name__}")
+    allowed = (int, np.integer, np.bool_) if key == "env_mask" else (int, np.integer)
+    for t in row:
+        if not isinstance(t, allowed) or (isinstance(t, bool) and key != "env_mask"):
+            raise TaskError(f"rollout_func's {key}[{r}]: {t!r} is not an integer")
+    return [int(t) for t in row]

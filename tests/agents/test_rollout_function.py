@@ -49,6 +49,12 @@ def test_the_functions_ids_become_episodes_with_its_mask_and_columns():
     ({"prompt_ids": [[1]], "completion_ids": [[2, 3, 4]], "logprobs": [], "env_mask": [[1]]},   # was broadcast
      "env_mask: each row must be a 0/1 list as long as its completion_ids row"),
     ({"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [], "env_mask": [[2]]}, "env_mask: each row"),
+    ({"prompt_ids": [[1]], "completion_ids": [[5.7]], "logprobs": []}, "completion_ids[0]: 5.7 is not an integer"),
+    ({"prompt_ids": [[1]], "completion_ids": [[True]], "logprobs": []}, "completion_ids[0]: True is not an integer"),
+    ({"prompt_ids": [["5"]], "completion_ids": [[2]], "logprobs": []}, "prompt_ids[0]: '5' is not an integer"),
+    ({"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [], "env_mask": [[0.5]]}, "0.5 is not an integer"),
+    ({"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [], "source": []},     # was padded with None
+     "rollout_func's source: a list of 0 values for 1 rows"),
 ])
 def test_a_wrong_output_is_one_line(output, message):
     with pytest.raises(TaskError) as err:
