@@ -28,9 +28,11 @@ def centered_ranks(x_N: Array) -> Array:
 
 def _over_std(centred_N: Array, unit_N: Array, f_N: Array) -> Array:
     """`centred_N` (in units of `unit_N`) over sqrt(var(f) + 1e-5), the variance in f's own power of two
-    (`in_units`) and the 1e-5 in the same units: finite for f ~ 1e20."""
+    (`in_units`): finite for f ~ 1e20, exactly 0 for a constant f of any size. The 1e-5 in those units is
+    kept at least float32's smallest normal number: below it (f past ~1e32) it would flush to 0 and 0 / 0 be NaN."""
     y_N, unit = in_units(f_N)
-    return centred_N * (unit_N / unit) / jnp.sqrt(y_N.var() + 1e-5 / (unit * unit))
+    floor = jnp.maximum(1e-5 / (unit * unit), jnp.finfo(jnp.float32).tiny)
+    return centred_N * (unit_N / unit) / jnp.sqrt(y_N.var() + floor)
 
 
 def zscore(f_N: Array, group_size: int | None) -> Array:

@@ -60,7 +60,7 @@ def _nanmean(x: Array, axis: int | None) -> Array:
 
 class Spread(NamedTuple):
     """Rewards' spread along an axis, in units of a power of two per slice (`in_units`): TRL's numbers below
-    2**50, finite above."""
+    2**50, finite above, and exactly 0 for a constant slice of any size."""
 
     deviation: Array    # x minus its NaN-aware mean, in `unit`s (NaN where x is)
     std: Array          # sample std (ddof 1) in `unit`s; NaN where fewer than two values (TRL's `nanstd`)

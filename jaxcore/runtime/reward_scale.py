@@ -27,6 +27,17 @@ def power_of_two_scale(x: jax.Array, axis: int | None = None) -> jax.Array:
 
 
 def in_units(x: jax.Array, axis: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """(x / unit, unit), unit = `power_of_two_scale(x, axis)`: exact, and x itself while it stays below 2**50."""
+    """(x / unit, unit), unit = `power_of_two_scale(x, axis)`, with a constant slice (NaNs ignored) as zeros: for
+    statistics that do not depend on where zero is (deviations from a mean, a variance).
+
+    The float32 mean of equal values can round by an ulp, and once that ulp passes the formulas' epsilons (large
+    rewards, and always in units of 2**k > 1) a constant slice gets advantages or z-scores of +-1 (TRL's formula
+    does so too). Measured from its own value, a constant slice is exactly 0 at every magnitude; every other slice
+    keeps the plain formula's numbers, bit for bit.
+    """
     unit = power_of_two_scale(x, axis)
-    return x / unit, unit
+    y = x / unit
+    scored = ~jnp.isnan(y)
+    low = jnp.min(jnp.where(scored, y, jnp.inf), axis=axis, keepdims=True)
+    high = jnp.max(jnp.where(scored, y, -jnp.inf), axis=axis, keepdims=True)
+    return y - jnp.where(low == high, low, 0.0), unit

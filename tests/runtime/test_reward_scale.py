@@ -1,13 +1,16 @@
 """Rewards and fitness of any finite size (`jaxcore.runtime.reward_scale`): each group's statistics are taken in its
-own power of two, so one huge reward changes no other group (issue 49, item 1)."""
+own power of two, so one huge reward changes no other group, and a constant group is exactly 0 at every magnitude,
+for every scale_rewards and fitness shaping (issue 49, items 1 and 2)."""
 
 import numpy as np
 import pytest
 
-from jaxcore.grpo.advantages import compute_advantages, normalized_sum_advantages, reward_std
+from jaxcore.es.shaping import SHAPERS, shape_fitness
+from jaxcore.grpo.advantages import compute_advantages, normalized_sum_advantages, reward_metrics, reward_std
 
 G = 8
 HUGE = [1e30, 1e34, 3e38]
+MAGNITUDES = [m * 10.0 ** k for k in range(-30, 39) for m in (1, 3) if m * 10.0 ** k < 3.4e38]  # 1e-30 .. 3e38
 
 
 def ordinary_groups() -> np.ndarray:
@@ -65,3 +68,48 @@ def test_one_huge_reward_leaves_every_other_group_alone_in_normalize_then_sum(hu
     expected = (summed_B - summed_B.mean()) / (summed_B.std(ddof=1) + 1e-4)
     advantages, _ = normalized_sum_advantages(values_BK, weights_K, G)
     np.testing.assert_allclose(np.asarray(advantages), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_a_constant_group_has_zero_advantage_at_every_magnitude(scale):
+    """Eight equal rewards, from 1e-30 to 3e38, beside an ordinary group: advantage and std exactly 0 (before: the
+    mean of eight 1e30s rounded by an ulp of their unit, and A was +-0.935 at 1e30, 3e31 and 1e36; below 2**50 too,
+    at 3e9 say, as TRL's float32 formula still gives). Under batch scaling a batch of equal rewards too."""
+    ordinary = ordinary_groups()[:G]
+    for magnitude in MAGNITUDES:
+        constant = np.full(G, magnitude, np.float32)
+        rewards = np.concatenate([constant, ordinary])
+        assert not np.asarray(compute_advantages(rewards, G, scale))[:G].any(), magnitude
+        assert not np.asarray(compute_advantages(constant, G, scale)).any(), magnitude
+        if scale != "batch":
+            assert not np.asarray(reward_std(rewards, G, scale))[:G].any(), magnitude
+            assert reward_metrics({"r": rewards}, rewards, G, scale)["frac_reward_zero_std"] == 0.5, magnitude
+
+
+def test_a_constant_reward_function_adds_nothing_to_normalize_then_sum_at_every_magnitude():
+    """A function that gives every row the same reward normalizes to exactly 0 in each group: the advantages are
+    those of the other function alone, bit for bit, and a batch of equal rewards gets 0."""
+    ordinary = ordinary_groups()
+    alone, _ = normalized_sum_advantages(ordinary[:, None], np.ones(1, np.float32), G)
+    for magnitude in MAGNITUDES:
+        constant = np.full(ordinary.shape, magnitude, np.float32)
+        both, _ = normalized_sum_advantages(np.stack([constant, ordinary], 1), np.ones(2, np.float32), G)
+        np.testing.assert_array_equal(np.asarray(both), np.asarray(alone), err_msg=str(magnitude))
+        only, zero_std = normalized_sum_advantages(constant[:, None], np.ones(1, np.float32), G)
+        assert not np.asarray(only).any() and float(zero_std) == 1.0, magnitude
+
+
+@pytest.mark.parametrize("mode", [mode for mode in SHAPERS if mode != "none"])
+def test_constant_fitness_gives_zero_z_at_every_magnitude(mode):
+    """A population of equal fitness, from 1e-30 to 3e38, shapes to z = 0 exactly: no update (before: 1e30 gave
+    z = +1 for every member, a full random step, 3e31 z = -1, and from 1e33 z was NaN). With group_zscore a
+    constant group beside a varied one is 0 too. ("none" passes fitness through unshaped.)"""
+    varied = np.asarray([0.0, 1.0, 3.0, 2.0], np.float32)
+    for magnitude in MAGNITUDES:
+        constant = np.full(8, magnitude, np.float32)
+        z = np.asarray(shape_fitness(constant, mode, group_size=4))
+        assert np.isfinite(z).all() and not z.any(), (magnitude, z)
+        mixed = np.asarray(shape_fitness(np.concatenate([constant[:4], varied]), mode, group_size=4))
+        assert np.isfinite(mixed).all(), magnitude
+        if mode == "group_zscore":
+            assert not mixed[:4].any(), (magnitude, mixed)
