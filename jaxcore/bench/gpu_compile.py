@@ -30,6 +30,8 @@ from jax.sharding import PartitionSpec as P
 from jaxcore.bench import hlo
 
 PROGRAMS = ("decode", "decode_population", "prefill", "grpo_step", "es_generate", "es_update")
+# the decode step on XLA's ops alone (`decode_attention="xla"`), for comparison with the fused kernel a GPU runs
+REFERENCE_PROGRAMS = ("decode_xla", "decode_population_xla")
 DEPTHS = (2, 4)                     # kernels per layer: the difference between these two depths, halved
 ES_PROMPTS = 8                      # prompts each member answers in the ES epoch compiled here
 
@@ -253,33 +255,39 @@ def model_config(preset: str, layers: int | None = None) -> Any:
 
 
 def program_builders(preset: str, devices: Sequence[Any], w: Workload) -> dict[str, Callable[[int], list[Any]]]:
-    """{program: build(layers) -> its lowered parts} at `preset`'s width with `layers` layers. Decode, prefill
-    and the GRPO step on one device (kernels are per device); ES's generation and update on all of `devices`
-    as a ("pop", "model") mesh with model 1, as `jaxcore es` lays them out by default, a population of `w.rows`
-    members (at least a pair per device) each answering `ES_PROMPTS` prompts."""
+    """{program: build(layers) -> its lowered parts} at `preset`'s width with `layers` layers.
+
+    Decode and prefill on one device (kernels are per device); the GRPO step on all of `devices` as its
+    data-parallel mesh (its kernels per device include the gradients' all-reduces); ES's generation and update on
+    all of `devices` as a ("pop", "model") mesh with model 1, as `jaxcore es` lays them out by default, a population
+    of `w.rows` members (at least a pair per device) each answering `ES_PROMPTS` prompts. Decoding takes the path a
+    GPU runs (the fused attention kernel), or XLA's ops for the `REFERENCE_PROGRAMS`."""
     from jaxcore.parallel import meshes
 
     one = meshes.make_mesh({meshes.DATA: 1}, devices[:1])
+    data = meshes.grpo_mesh(1, devices)
     es = meshes.es_mesh(1, devices)
 
-    def plain(layers: int) -> Any:
-        return placed_model(model_config(preset, layers), one, w.dtype)
+    def plain(layers: int, path: str = "pallas") -> Any:
+        return placed_model(model_config(preset, layers), one, w.dtype).use_decode_attention(path)
 
-    def population(layers: int) -> Any:
-        return placed_population(plain(layers), one, w.rows, None)[0]
+    def population(layers: int, path: str = "pallas") -> Any:
+        return placed_population(plain(layers), one, w.rows, None)[0].use_decode_attention(path)
 
     members = max(w.rows, 2 * len(devices))                             # at least a pair per device
 
     def es_population(layers: int) -> Any:
         model = placed_model(model_config(preset, layers), es, w.dtype, meshes.MODEL)
-        return placed_population(model, es, members, meshes.POP)[0]
+        return placed_population(model, es, members, meshes.POP)[0].use_decode_attention("pallas")
 
     es_rows = dataclasses.replace(w, rows=members * ES_PROMPTS)        # every member answers ES_PROMPTS prompts
     return {
         "decode": lambda layers: lower_decode(plain(layers), one, w),
         "decode_population": lambda layers: lower_decode(population(layers), one, w),
+        "decode_xla": lambda layers: lower_decode(plain(layers, "xla"), one, w),
+        "decode_population_xla": lambda layers: lower_decode(population(layers, "xla"), one, w),
         "prefill": lambda layers: lower_prefill(plain(layers), one, w),
-        "grpo_step": lambda layers: lower_grpo_step(grpo_learner(model_config(preset, layers), one, w.dtype), w),
+        "grpo_step": lambda layers: lower_grpo_step(grpo_learner(model_config(preset, layers), data, w.dtype), w),
         "es_generate": lambda layers: lower_generate(es_population(layers), es, es_rows, meshes.POP),
         "es_update": lambda layers: lower_es_update(model_config(preset, layers), es, members),
     }
@@ -316,9 +324,9 @@ def run(options: Any) -> dict[str, Any]:
         results[f"gpu_compile.{name}"] = {"kernels_per_layer": kernels, "kernels": deep.kernels,
                                           "collectives": deep.collectives, "memory_bytes": deep.memory_bytes,
                                           "compile_s": round(deep.seconds, 2)}
-        if name in ("decode", "decode_population"):
+        if name.startswith("decode"):
             full = compile_all(build(model_config(preset).num_layers))
             results[f"gpu_compile.{name}"]["roofline"] = decode_roofline(
-                preset, w, target, name == "decode_population", full.bytes_accessed)
+                preset, w, target, name.startswith("decode_population"), full.bytes_accessed)
     results["gpu_compile.device"] = device_info()
     return results

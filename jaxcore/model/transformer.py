@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcore.model import decode_attention
 from jaxcore.model.axes import EMBED, HEAD_DIM, HEADS, KV_HEADS, POSITIONS, TABLE_EMBED, VOCAB_IN, VOCAB_OUT
 from jaxcore.model.config import ModelConfig
 from jaxcore.model.layers import MLP, Embedding, Linear, Norm
@@ -107,19 +108,24 @@ class Attention(nnx.Module):
         norm = (lambda: Norm(e, config.norm_type, config.norm_eps, param_dtype=param_dtype, axis=HEAD_DIM))
         self.q_norm = norm() if config.qk_norm else None
         self.k_norm = norm() if config.qk_norm else None
+        self.decode_attention = "auto"        # one token's step over a cache: `decode_attention.PATHS`
 
     def __call__(self, x_BTD: Array, rope: Rope | None, mask_BTS: Array,
                  cache_kv: tuple[Array, Array] | None, cache_index: Array | None, queries_from: int = 0
                  ) -> tuple[Array, tuple[Array, Array] | None]:
         """`rope`: this layer's rotary tables (`rope_tables` of the positions at its frequencies), None without RoPE.
         With `queries_from`, only the positions from there on query (all of them are keys and values): the output
-        has T - queries_from positions."""
+        has T - queries_from positions. One new token over a cache runs the path `decode_attention` chooses."""
         b, t, _ = x_BTD.shape
         q_BTHE = self.q(x_BTD[:, queries_from:]).reshape(b, t - queries_from, self.num_heads, self.head_dim)
         k_BTKE = self.k(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         v_BTKE = self.v(x_BTD).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
+        if cache_kv is not None and t == 1 and queries_from == 0:
+            path = decode_attention.chosen_path(self.decode_attention)
+            if path != "xla":
+                return self._fused_step(q_BTHE, k_BTKE, v_BTKE, rope, mask_BTS, cache_kv, cache_index, path)
         if rope is not None:
             q_BTHE, k_BTKE = rotate(q_BTHE, tuple(x[:, queries_from:] for x in rope)), rotate(k_BTKE, rope)
         k_BKET, v_BKTE = k_BTKE.transpose(0, 2, 3, 1), v_BTKE.swapaxes(1, 2)     # the cache's layout
@@ -132,6 +138,18 @@ class Attention(nnx.Module):
             keys, values = (x.astype(q_BTHE.dtype) for x in new_cache)
         out_BTHE = grouped_attention(q_BTHE, keys, values, mask_BTS[:, queries_from:], self.scale)
         return self.o(out_BTHE.reshape(b, t - queries_from, self.num_heads * self.head_dim)), new_cache
+
+    def _fused_step(self, q_B1HE: Array, k_B1KE: Array, v_B1KE: Array, rope: Rope | None, mask_B1S: Array,
+                    cache_kv: tuple[Array, Array], cache_index: Array, path: str
+                    ) -> tuple[Array, tuple[Array, Array]]:
+        """The decode step's RoPE, cache write and attention as one kernel (`decode_attention`); the same numbers
+        as the XLA path above."""
+        b, kv, e = q_B1HE.shape[0], self.num_kv_heads, self.head_dim
+        cos_BE, sin_BE = (None, None) if rope is None else (rope[0][:, 0, 0], rope[1][:, 0, 0])
+        out_BKGE, k_cache, v_cache = decode_attention.fused_decode_attention(
+            q_B1HE.reshape(b, kv, self.num_heads // kv, e), k_B1KE[:, 0], v_B1KE[:, 0], cos_BE, sin_BE,
+            mask_B1S[:, 0], *cache_kv, cache_index, scale=self.scale, interpret=path == "pallas_interpret")
+        return self.o(out_BKGE.reshape(b, 1, self.num_heads * e)), (k_cache, v_cache)
 
 
 class Block(nnx.Module):
@@ -249,6 +267,15 @@ class Transformer(nnx.Module):
         self.lm_head = (None if config.tie_word_embeddings else
                         Linear(config.hidden_size, config.vocab_size, False, axes=(EMBED, VOCAB_OUT), rngs=rngs,
                                param_dtype=param_dtype))
+
+    def use_decode_attention(self, path: str) -> Transformer:
+        """Every layer's decode-step attention from now on: "auto" (the fused kernel on a GPU, XLA's ops elsewhere),
+        "xla", "pallas" or "pallas_interpret" (`decode_attention.PATHS`); returns the model."""
+        decode_attention.chosen_path(path)                  # a known name, or one line saying which are
+        for _, node in nnx.iter_graph(self):
+            if isinstance(node, Attention):
+                node.decode_attention = path
+        return self
 
     @property
     def scanned(self) -> bool:
