@@ -97,15 +97,17 @@ def _read_json_config(config_path: str, _absolute: str, _stamp: tuple[Any, ...])
 
 
 def _weight_files(path: Path) -> list[Path]:
+    """The safetensors files transformers' `from_pretrained` reads: model.safetensors where there is one (even
+    beside a sharded index), else the shards model.safetensors.index.json lists."""
     index = path / "model.safetensors.index.json"
-    if index.is_file():
+    if (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    elif index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as err:
             raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from err
         files = [path / name for name in sorted(set(weight_map.values()))]
-    elif (path / "model.safetensors").is_file():
-        files = [path / "model.safetensors"]
     else:
         pickled = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
         hint = f" (found {', '.join(pickled)}; jaxcore never unpickles)" if pickled else ""

@@ -176,3 +176,19 @@ def test_an_export_never_replaces_its_own_input(tiny_dir, tmp_path):
         with pytest.raises(OutputError, match="is also an input|contains the input"):
             convert.save_hf(model, out, tokenizer_dir=source, overwrite=True)
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+
+
+def test_a_single_file_beside_a_sharded_index_is_what_transformers_loads(tiny_dir, tmp_path):
+    """transformers' from_pretrained reads model.safetensors where a directory has both it and a sharded index
+    (before: jaxcore read the shards, another model's weights)."""
+    import torch
+    import transformers
+
+    import jaxcore
+
+    both = Path(shutil.copytree(tiny_dir("llama", max_shard_size="40KB"), tmp_path / "both"))
+    assert (both / "model.safetensors.index.json").is_file()
+    shutil.copy(tiny_dir("llama", seed=1) / "model.safetensors", both / "model.safetensors")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(both), dtype=torch.float32)
+    ours = jaxcore.load_hf(both)
+    np.testing.assert_array_equal(np.asarray(ours.embed.table), theirs.model.embed_tokens.weight.detach().numpy())
