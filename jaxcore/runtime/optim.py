@@ -60,7 +60,8 @@ def check_learning_rate(cfg: OptimizerConfig, total_steps: int,
                         learning_rate: float | optax.Schedule | None = None) -> None:
     """Refuse (one-line `ConfigValueError`) a learning rate that is not a finite number >= 0 at every step
     0..total_steps of its schedule (`make_schedule(cfg, total_steps)`, or `learning_rate` when given), and
-    optimiser settings that are not finite: such a rate turns every weight into NaN."""
+    optimiser settings that are not finite: such a rate turns every weight into NaN. A momentum for another
+    optimizer than sgd is refused too (it would be ignored)."""
     import numpy as np
 
     from jaxcore.errors import ConfigValueError
@@ -70,6 +71,9 @@ def check_learning_rate(cfg: OptimizerConfig, total_steps: int,
         value = getattr(cfg, key)
         if value is not None and not np.isfinite(float(value)):
             raise ConfigValueError(f"optimizer.{key}: {value} is not a finite number")
+    if cfg.momentum is not None and cfg.name != "sgd":
+        raise ConfigValueError(f"optimizer.momentum={cfg.momentum}: only sgd takes a momentum ({cfg.name}'s are "
+                               "adam_beta1 and adam_beta2)")
     lr = make_schedule(cfg, total_steps) if learning_rate is None else learning_rate
     rates = np.asarray(lr(np.arange(max(total_steps, 1) + 1)) if callable(lr) else lr, np.float64)
     bad = ~np.isfinite(rates) | (rates < 0)

@@ -83,6 +83,9 @@ class ESConfig(FlatArguments):
         refused = super()._refused_values()
         if self.optim != "sgd" and not str(self.optim).startswith("adamw"):
             refused.append(f"optim={self.optim!r} (jaxcore's ES updates with sgd or adamw)")
+        if self.momentum is not None and self.optim != "sgd":
+            refused.append(f"momentum={self.momentum} with optim={self.optim!r} (only sgd takes a momentum; "
+                           "adamw's are adam_beta1 and adam_beta2)")
         return refused
 
     def steps(self, train_rows: int | None) -> tuple[int, int]:

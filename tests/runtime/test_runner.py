@@ -35,6 +35,13 @@ def test_bad_override_is_one_line(tiny_dir, tmp_path, capsys, override, expected
     assert code == 2 and len(err) == 1 and expected in err[0], err
 
 
+def test_a_momentum_for_adamw_is_one_line(tiny_dir, tmp_path, capsys):
+    """optimizer.momentum is sgd's (before: beside adamw it was ignored)."""
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), tmp_path / "out", "optimizer.name=adamw",
+                                               "optimizer.momentum=0.9"))
+    assert code == 2 and len(err) == 1 and "optimizer.momentum=0.9: only sgd takes a momentum" in err[0], err
+
+
 def test_malformed_yaml_and_missing_config(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("es:\n  sigma: [1,\n")

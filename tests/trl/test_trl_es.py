@@ -26,6 +26,7 @@ def test_every_argument_has_one_handling_and_the_generic_ones_trls_names():
     ({"optim": "adafactor"}, "optim='adafactor'"),
     ({"fp16": True}, "fp16=True"),
     ({"temperature": -1.0}, "temperature"),
+    ({"optim": "adamw_torch", "momentum": 0.9}, "momentum=0.9 with optim='adamw_torch'"),    # was ignored
 ])
 def test_what_jaxcore_cannot_follow_is_one_line(kwargs, named):
     with pytest.raises(ValueError) as err:
