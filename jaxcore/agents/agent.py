@@ -30,6 +30,12 @@ class Agent:
         if max_iterations is not None and max_iterations < 0:
             raise TaskError(f"rollout.max_tool_calling_iterations must be >= 0 or null, got {max_iterations}")
         self.tools, self.environments = list(tools), environments
+        for name, instances in (environments.pools if environments is not None else {}).items():
+            shared = sorted({t.name for t in self.tools} & {tool_name(m) for m in public_methods(instances[0])})
+            if shared:          # TRL and jaxcore would both call the method only: the tool would never run
+                where = f"environment {name!r}" if name is not None else "the environment_factory's environment"
+                raise TaskError(f"tools: {shared[0]!r} is both a standalone tool and a method of {where} "
+                                f"({type(instances[0]).__name__}); rename one")
         self.max_iterations, self.max_episode_tokens = max_iterations, max_episode_tokens
         self.timeout_s = timeout_s
         self.runner = CallRunner(self.tools, timeout_s, num_workers)

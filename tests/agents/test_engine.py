@@ -93,6 +93,22 @@ class _Rewards:
     timeout_s, num_workers = 5.0, 0
 
 
+def test_a_standalone_tool_named_like_an_environment_method_is_one_line():
+    """Both would be offered to the model, and only the method called (TRL's tool dict too): the tool never ran."""
+    def increment(step: int) -> int:
+        """A standalone tool with the environment's method's name.
+
+        Args:
+            step: how much.
+        """
+        return step
+
+    rollout = RolloutConfig(max_new_tokens=8, max_episode_tokens=32)
+    with pytest.raises(TaskError) as err:
+        build_agent(rollout, _Rewards(), tools=[increment], environment_factory=trl_tools.IncrementEnv)
+    assert "'increment' is both a standalone tool and a method of" in str(err.value) and "\n" not in str(err.value)
+
+
 # ----------------------------------------------------------------------------- episodes
 
 
