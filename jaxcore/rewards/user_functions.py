@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -347,8 +348,11 @@ class RewardModel:
 
 
 def function_name(spec: str | Callable[..., Any]) -> str:
-    """The metric name of a reward: the function's name, or `model:<dir name>`."""
+    """The metric name of a reward: the function's name (a `functools.partial`'s wrapped function's, a callable
+    instance's class name: TRL's `get_callable_name`), or `model:<dir name>`."""
     if callable(spec):
+        while isinstance(spec, functools.partial):
+            spec = spec.func
         return getattr(spec, "__name__", type(spec).__name__)
     if spec.startswith("model:"):
         return f"model:{Path(spec[6:]).name}"

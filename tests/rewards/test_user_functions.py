@@ -557,3 +557,23 @@ def test_a_reward_model_renders_conversations_with_the_chat_template_kwargs(tmp_
     plain, _ = resolve_rewards([f"model:{tmp_path / 'rm'}"])
     with pytest.raises(Exception, match="shout is not set"):
         next(iter(plain.values())).texts([Completion("hello")], [example])
+
+
+def scaled_length(completions, scale=1.0, **kwargs):
+    return [scale * len(c) for c in completions]
+
+
+class Judge:
+    def __call__(self, completions, **kwargs):
+        return [0.0] * len(completions)
+
+
+def test_a_reward_is_named_as_trl_names_it():
+    """A functools.partial logs under its wrapped function's name, as TRL's get_callable_name gives it (before:
+    rewards/partial/mean); a callable instance under its class's."""
+    import functools
+
+    trl_utils = pytest.importorskip("trl.trainer.utils")
+    funcs = [functools.partial(functools.partial(scaled_length, scale=2.0)), Judge()]
+    fns, _ = resolve_rewards(funcs)
+    assert list(fns) == [trl_utils.get_callable_name(f) for f in funcs] == ["scaled_length", "Judge"]
