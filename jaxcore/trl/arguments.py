@@ -232,7 +232,7 @@ HANDLED: dict[str, str] = {
     "seed": "train.seed (also the seed of each pass's order of the dataset, as TRL's RepeatSampler)",
     "shuffle_dataset": "train.shuffle: each pass over the dataset in a seeded order (False: the dataset's order)",
     "disable_tqdm": "train.progress = not disable_tqdm (None: as transformers resolves it, from its logger's level)",
-    "report_to": "train.tensorboard (tensorboard or all)",
+    "report_to": "train.tensorboard (tensorboard or all; another integration is warned, without effect)",
     "save_strategy": "train.checkpoint_every (no: -1; steps: save_steps; epoch: once per dataset epoch)",
     "save_steps": "train.checkpoint_every = save_steps / optimizer steps per rollout",
     "save_total_limit": "train.max_to_keep (None: every checkpoint)",

@@ -21,6 +21,7 @@ GENERATION_KWARGS = {         # a generation_kwargs key jaxcore follows -> the T
 }
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit=None: TRL keeps them all
+REPORTS = ("tensorboard", "all", "none")    # report_to values jaxcore follows (all: TensorBoard, the one it has)
 NAME_OF_KEY = {               # a job-config key set from one generic argument -> that argument (for error messages)
     "rollout.temperature": "temperature", "rollout.top_p": "top_p", "rollout.top_k": "top_k", "rollout.min_p": "min_p",
     "rollout.repetition_penalty": "repetition_penalty",
@@ -62,6 +63,7 @@ class FlatArguments:
         if strategy(self.eval_strategy) != "no":
             self.do_eval = True                     # transformers' TrainingArguments does the same
         self._resolve()
+        self._check_training_arguments()
         self._check()
         refused = [f"{name}={getattr(self, name)!r} ({why})" for name, why in self.REFUSED.items()
                    if name in given and getattr(self, name) != self.DEFAULTS[name]]
@@ -73,6 +75,7 @@ class FlatArguments:
             self._probe()
         ignored = [f"{name} ({what})" for name, what in self.IGNORED.items()
                    if name in given and getattr(self, name) != self.DEFAULTS[name]]
+        ignored += self._ignored_values()
         if ignored:
             warnings.warn(f"{type(self).__name__} arguments with no effect in jaxcore: " + "; ".join(ignored),
                           UserWarning, stacklevel=2)
@@ -88,11 +91,30 @@ class FlatArguments:
         if self.disable_tqdm is None:               # transformers: no bar when its logger is quieter than WARNING
             self.disable_tqdm = logging.getLogger("transformers.training_args").getEffectiveLevel() > logging.WARN
 
+    def _check_training_arguments(self) -> None:
+        """transformers' checks of arguments jaxcore derives settings from (its message for warmup_steps), so that
+        an error names the value given rather than one derived from it (warmup_steps=-1 was reported as -3,
+        max_steps=2.5 as train.epochs=3.0)."""
+        if self.warmup_steps < 0:
+            raise ValueError(f"Got warmup_steps = {self.warmup_steps}, Expected value warmup_steps >= 0")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int):
+            raise ValueError(f"max_steps={self.max_steps!r}: must be an integer (a number of optimizer steps)")
+
     def _check(self) -> None:
         """The trainer's own checks of its arguments (TRL's), before jaxcore's refusals."""
 
     def _probe(self) -> None:
         """Build a job config once, so that every value is checked at construction."""
+
+    def reports(self) -> list[str]:
+        """report_to as a list of integration names."""
+        return [self.report_to] if isinstance(self.report_to, str) else list(self.report_to or [])
+
+    def _ignored_values(self) -> list[str]:
+        """Values of mapped arguments without effect in jaxcore: report_to's integrations other than TensorBoard."""
+        others = [name for name in self.reports() if name not in REPORTS]
+        return [f"report_to={others!r} (jaxcore logs to out_dir/metrics.jsonl, and to TensorBoard with 'tensorboard' "
+                "or 'all')"] if others else []
 
     def _refused_values(self) -> list[str]:
         """Values of mapped arguments that jaxcore cannot follow."""
@@ -163,8 +185,7 @@ class FlatArguments:
         t.epochs, t.seed, t.out_dir = rollouts, self.seed, str(self.output_dir)
         t.progress = not self.disable_tqdm
         t.log_completions, t.completions_to_print = bool(self.log_completions), self.num_completions_to_print
-        reports = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to or [])
-        t.tensorboard = bool({"tensorboard", "all"} & set(reports))
+        t.tensorboard = bool({"tensorboard", "all"} & set(self.reports()))
         t.max_to_keep = KEEP_EVERY_CHECKPOINT if self.save_total_limit is None else max(self.save_total_limit, 1)
         t.checkpoint_every = every(self.save_strategy, self.save_steps, rollouts, per_rollout, per_epoch)
         eval_steps = self.eval_steps if self.eval_steps is not None else self.logging_steps

@@ -61,11 +61,25 @@ def test_arguments_without_effect_warn_once_naming_each():
     ({"generation_kwargs": {"num_beams": 4}}, "generation_kwargs={'num_beams': 4}"),
     ({"generation_kwargs": {"do_sample": False}}, "do_sample must stay True"),
     ({"generation_kwargs": {"top_p": 1.5}}, "top_p"),
+    ({"warmup_steps": -1}, "Got warmup_steps = -1, Expected value warmup_steps >= 0"),     # was reported as -3
+    ({"max_steps": 2.5}, "max_steps=2.5: must be an integer"),                              # was train.epochs=3.0
 ])
 def test_what_jaxcore_cannot_follow_is_one_line(kwargs, named):
     with pytest.raises(ValueError) as err:
         GRPOConfig(output_dir="x", **kwargs)
     assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_report_to_an_integration_jaxcore_does_not_have_is_warned():
+    """Before: report_to="wandb" was accepted without a word, and nothing was reported to wandb."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOConfig(output_dir="x", report_to="wandb")
+    assert len(caught) == 1 and "report_to=['wandb'] (jaxcore logs to" in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for followed in ("none", "all", ["tensorboard"]):
+            GRPOConfig(output_dir="x", report_to=followed)
 
 
 ACCOUNTING = [      # (TRL arguments, train rows)
