@@ -8,7 +8,7 @@ JAX keys every entry by the program, the jax/jaxlib version, the backend and its
 entry compiled for other CPU features (it compiles again), so one directory can serve every run of a user.
 
     enable(cfg.train.compilation_cache)      # before the run compiles; later calls switch the directory
-    stats()                                  # {"dir", "entries_before", "warm", "hits", "misses"}
+    stats()                                  # {"dir", "entries_before", "warm", "hits", "misses", "written"}
 """
 
 from __future__ import annotations
@@ -66,19 +66,34 @@ def enable(setting: str | None) -> str | None:
     _state.update(dir=directory, entries_before=entries(directory), since=time.time())
     if directory:
         log.info("compilation cache %s (%d entries)", directory, _state["entries_before"])
+        if not _writable(Path(directory)):
+            log.warning("compilation cache %s cannot be written: this run's programs are compiled and not kept",
+                        directory)
     return directory
 
 
+def _writable(directory: Path) -> bool:
+    """Whether entries can be written in `directory` (or it can be made, in its nearest existing parent)."""
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    return directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)
+
+
 def stats() -> dict[str, Any]:
-    """The cache in use since `enable`: its directory (None: off), the entries it held then (`warm`: any), and the
-    compilations since loaded from it (hits) or written to it (misses)."""
+    """The cache in use since `enable`: its directory (None: off), the entries it held then (`warm`: any), the
+    compilations since loaded from it (hits) or compiled and offered to it (misses), and the entries it holds now
+    that it did not then (written: a directory that cannot be written keeps none of the misses)."""
     made = ledger().totals(since=_state["since"]) if _state["dir"] else None
+    written = max(entries(_state["dir"]) - _state["entries_before"], 0) if _state["dir"] else 0
     return {"dir": _state["dir"], "entries_before": _state["entries_before"], "warm": _state["entries_before"] > 0,
-            "hits": made.hits if made else 0, "misses": made.misses if made else 0}
+            "hits": made.hits if made else 0, "misses": made.misses if made else 0, "written": written}
 
 
 def log_stats() -> None:
-    """One log line: the programs this run loaded from the cache and wrote to it."""
+    """One log line: the programs this run loaded from the cache and those it wrote there (found in the directory,
+    not assumed from the compilations: a read-only cache writes none)."""
     s = stats()
     if s["dir"]:
-        log.info("compilation cache %s: %d programs loaded, %d written", s["dir"], s["hits"], s["misses"])
+        unkept = f" ({s['misses'] - s['written']} compiled programs could not be written)" \
+            if s["misses"] > s["written"] else ""
+        log.info("compilation cache %s: %d programs loaded, %d written%s", s["dir"], s["hits"], s["written"], unkept)

@@ -200,6 +200,29 @@ def test_a_rerun_loads_its_programs_from_the_compilation_cache(tiny_dir, tmp_pat
     assert (loaded_2, written_2) == (written_1, 0)
 
 
+def test_a_cache_that_cannot_be_written_reports_nothing_written(monkeypatch, tmp_path, caplog):
+    """A program whose cache entry could not be written (a read-only directory: JAX warns and goes on) is not
+    reported as written (before: every program JAX offered to the cache was counted as "written")."""
+    from jax._src import lru_cache
+
+    def read_only(self, key, value):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.delenv(compile_cache.ENV)
+    monkeypatch.setattr(lru_cache.LRUCache, "put", read_only)
+    try:
+        compile_cache.enable(str(tmp_path / "xla"))
+        with pytest.warns(UserWarning, match="Error writing persistent compilation cache entry"):
+            jax.jit(lambda x: x * 7 + 2)(jnp.ones(3)).block_until_ready()
+        with caplog.at_level(logging.INFO, logger=compile_cache.__name__):
+            compile_cache.log_stats()
+        stats = compile_cache.stats()
+        assert stats["misses"] > 0 and stats["written"] == 0 == compile_cache.entries(str(tmp_path / "xla"))
+        assert f"0 written ({stats['misses']} compiled programs could not be written)" in caplog.text
+    finally:
+        compile_cache.enable("off")
+
+
 def test_the_cache_setting(monkeypatch, tmp_path):
     """The environment variable overrides the setting; "off" turns the cache off; the default directory is under
     ~/.cache/jaxcore unless JAX was given one (the tests' environment turns the cache off)."""
