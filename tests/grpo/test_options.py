@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from adam_steps import GRAD_RTOL, PARAM_RTOL, adam_state, assert_within
 
 import jaxcore
 from jaxcore.grpo.config import GRPOConfig
@@ -21,7 +22,8 @@ def flat(tree) -> dict[str, np.ndarray]:
 def test_adam_knobs_reach_the_optimizer(path, batch, grpo_job):
     """Two learner steps with non-default adam_beta1/adam_beta2/adam_epsilon/weight_decay and a linear
     schedule equal AdamW written out in numpy (the second step is where beta1/beta2 show: the first
-    update of a bias-corrected Adam is g / (|g| + eps) whatever the betas)."""
+    update of a bias-corrected Adam is g / (|g| + eps) whatever the betas). The moments are held to the gradient
+    of a separate program (its rounding is not Adam's to magnify), the parameters to the step's own moments."""
     cfg = grpo_job(loss_type="dapo", learning_rate=1e-2, total_steps=4, adam_beta1=0.5, adam_beta2=0.7,
                    adam_epsilon=1e-3, weight_decay=0.1, max_grad_norm=0.0, max_completion_length=8)
     defaults = GRPOConfig().optimizer
@@ -30,24 +32,27 @@ def test_adam_knobs_reach_the_optimizer(path, batch, grpo_job):
 
     opt = cfg.optimizer
     b1, b2, eps, wd = opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay
-    p = flat(learner.to_layer_layout(learner.state.params))      # per layer, whatever layout training uses
-    m = {k: np.zeros_like(v) for k, v in p.items()}
-    v = {k: np.zeros_like(x) for k, x in p.items()}
     prepared = learner.prepare(batch)
     for t, lr in ((1, 1e-2), (2, 1e-2 * 3 / 4)):                  # linear decay to 0 at total_steps = 4
         _, _, grads = loss_and_grads(learner.model, prepared, cfg)
         g = flat(grads)
+        before = adam_state(learner.layer_state()[0])             # per layer, whatever layout training uses
         metrics = learner.step(prepared)
         assert metrics["learning_rate"] == pytest.approx(lr, rel=1e-6)
-        for k in p:
-            m[k] = b1 * m[k] + (1 - b1) * g[k]
-            v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
-            m_hat, v_hat = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
-            decay = wd * p[k] if p[k].ndim >= 2 else 0.0             # HF/TRL: no decay on biases and norms
-            p[k] = p[k] - lr * (m_hat / (np.sqrt(v_hat) + eps) + decay)
-        ours = flat(learner.to_layer_layout(learner.state.params))
-        for k in p:
-            np.testing.assert_allclose(ours[k], p[k], rtol=1e-5, atol=1e-7, err_msg=f"step {t} {k}")
+        after = adam_state(learner.layer_state()[0])
+        assert after.count == t
+        for k, p0 in before.params.items():
+            delta = GRAD_RTOL * np.abs(g[k]).max()                 # the two gradient programs' rounding
+            m, v = after.mu[k], after.nu[k]
+            assert_within(m, b1 * before.mu[k] + (1 - b1) * g[k], (1 - b1) * delta + PARAM_RTOL * np.abs(m),
+                          f"step {t} first moment of {k}")
+            assert_within(v, b2 * before.nu[k] + (1 - b2) * g[k] ** 2, (1 - b2) * (2 * np.abs(g[k]) + delta) * delta
+                          + PARAM_RTOL * v, f"step {t} second moment of {k}")
+            m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+            decay = wd * p0 if p0.ndim >= 2 else 0.0              # HF/TRL: no decay on biases and norms
+            np.testing.assert_allclose(after.params[k], p0 - lr * (m_hat / (np.sqrt(v_hat) + eps) + decay),
+                                       rtol=1e-5, atol=1e-7, err_msg=f"step {t} {k}")
+    p = after.params
 
     # The same two steps under the default knobs land elsewhere (the test can tell them apart).
     plain = GRPOLearner(jaxcore.load_hf(path), dataclasses.replace(cfg, optimizer=dataclasses.replace(
