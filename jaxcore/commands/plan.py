@@ -5,6 +5,7 @@ examples:
   jaxcore plan --config es8b.yaml --devices 8 --device-memory 40GB --json plan.json
   jaxcore plan --config es8b.yaml --model-config tests/data/llama3.1-8b/config.json mesh.model=2
   jaxcore plan --config configs/grpo_addition.yaml --devices 8 --device-memory 80GB grpo.fsdp=8
+  jaxcore plan --config configs/grpo_addition.yaml --devices 8 --device-memory 80GB --platform gpu   # from a CPU host
 
 A config with a `grpo` section (or grpo.* overrides) is planned as a GRPO run, else as ES. Prints
 each term per device (compute weights, master weights, optimizer state, factors or gradients, KV
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=None,
                         help="longest prompt in tokens (default: measured on the task's training prompts with "
                              "model.path's tokenizer, else rollout.max_prompt_length, else 128)")
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default=None,
+                        help="the backend the run compiles for (default: JAX's default backend here): XLA:CPU and "
+                             "XLA:GPU keep different buffers in GRPO's train step and ES's optimizer step")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --json file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if size < 1 or args.devices % size:
         raise UserError(f"{name}={size} does not divide {args.devices} devices")
     prompt_tokens = args.prompt_tokens or (None if args.model_config else task_prompt_tokens(cfg))
-    common = dict(devices=args.devices, device_memory=memory, prompt_tokens=prompt_tokens)
+    common = dict(devices=args.devices, device_memory=memory, prompt_tokens=prompt_tokens, platform=args.platform)
     plan = algorithm.memory_plan(cfg, model_cfg, **common)
     print(plan.table())
     planned_prompt = prompt_tokens_of(cfg, prompt_tokens)

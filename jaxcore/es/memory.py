@@ -17,6 +17,7 @@ from jaxcore.runtime.memory import (
     kv_cache_bytes,
     master_divisors,
     param_shapes,
+    planned_platform,
     prefill_activation_bytes,
     split_divisors,
 )
@@ -29,6 +30,7 @@ ES_ADVICE = {
     "factors": "lower es.population or es.rank",
     "update factors": "lower es.population or es.rank",
     "gradient": "use more devices",
+    "optimizer step": "use more devices or optimizer.name=sgd",
     "kv cache": "lower rollout.prompts_per_epoch, rollout.generations_per_prompt, rollout.max_new_tokens "
                 "(rollout.max_episode_tokens with tools), the prompt length or es.population, or use more devices "
                 "(mesh.model does not shrink it)",
@@ -40,14 +42,17 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
             max_new_tokens: int, devices: int, model_axis: int = 1, compute_dtype: str = "float32",
             master_dtype: str = "float32", optimizer: str = "sgd", momentum: bool = False,
             targets: tuple[str, ...] | None = None, device_memory: float | None = None,
-            shard_min_size: int = SHARD_MIN_SIZE, cache_tokens: int | None = None) -> MemoryPlan:
+            shard_min_size: int = SHARD_MIN_SIZE, cache_tokens: int | None = None,
+            platform: str | None = None) -> MemoryPlan:
     """The per-device memory of one ES epoch; `cache_tokens` are the KV-cache slots after the prompt (default
     `max_new_tokens`; a multi-turn episode's: `RolloutConfig.cache_tokens`); `targets` are the perturbed paths
     (default: every matrix but the embedding and the LM head, as EGGROLL's defaults); leaves under
-    `shard_min_size` elements keep replicated masters (mesh.shard_min_size)."""
+    `shard_min_size` elements keep replicated masters (mesh.shard_min_size); `platform`: the backend the run
+    compiles for (`planned_platform`), whose optimizer step keeps its own scratch (`optimizer_step_arrays`)."""
     shapes = param_shapes(cfg)
     c, mb = itemsize(compute_dtype, "model.dtype"), itemsize(master_dtype, "es.master_dtype")
     m, pop = model_axis, devices // model_axis
+    platform = planned_platform(platform)
     if targets is None:
         targets = tuple(p for p, s in shapes.items()
                         if len(s) == 2 and not (is_embedding(p) or is_lm_head(p)))
@@ -74,6 +79,7 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
         # its part of g needs along the sharded dimension (a draw and its scaled copy)
         g_in, g_out = master_div[path]
         regenerate += 2 * pairs * rank * (i / g_in + o / g_out) * 4
+    gradient = sum(sliced(p, 4) for p in targets)
     rows = math.ceil(population * prompts * generations / pop)
     length = bucket_length(prompt_tokens) + (cache_tokens or max_new_tokens)
     terms = {"compute weights": compute, "master weights": masters, "optimizer state": copies * perturbed,
@@ -81,14 +87,25 @@ def plan_es(cfg: ModelConfig, *, population: int, rank: int, prompts: int, gener
              "kv cache": kv_cache_bytes(cfg, rows, length, c, m),
              "activations": prefill_activation_bytes(cfg, rows, bucket_length(prompt_tokens), c, m),
              "update factors": regenerate,
-             "gradient": sum(sliced(p, 4) for p in targets)}
-    phases = {"generation": ("kv cache", "activations"), "update": ("update factors", "gradient")}
+             "gradient": gradient,
+             "optimizer step": optimizer_step_arrays(copies, platform) * gradient}
+    phases = {"generation": ("kv cache", "activations"), "update": ("update factors", "gradient", "optimizer step")}
     return MemoryPlan(terms, devices, m, device_memory, population, phases, "es", f"pop={pop} model={m}",
-                      dict(ES_ADVICE))
+                      dict(ES_ADVICE), platform)
+
+
+def optimizer_step_arrays(copies: int, platform: str) -> float:
+    """The scratch of the optimizer's step on the sharded masters, in g-sized arrays: with optimizer state, XLA:GPU
+    materialises the update before adding it to the donated masters (SGD adds it in place); XLA:CPU also writes the
+    new state apart, and keeps a fraction of g besides."""
+    if platform == "cpu":
+        return (copies + 1 if copies else 0) + 0.25
+    return 1.0 if copies else 0.0
 
 
 def plan_job(es_cfg: ESConfig, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
-                   prompt_tokens: int | None = None, population: int | None = None) -> MemoryPlan:
+             prompt_tokens: int | None = None, population: int | None = None,
+             platform: str | None = None) -> MemoryPlan:
     """`plan_es` for a `jaxcore es` job config (`ESConfig`); with tools, each row's cache holds a whole episode
     (`rollout.cache_tokens`)."""
     es, r, opt = es_cfg.es, es_cfg.rollout, es_cfg.optimizer
@@ -98,4 +115,4 @@ def plan_job(es_cfg: ESConfig, model_cfg: ModelConfig, *, devices: int, device_m
                    model_axis=es_cfg.mesh.model,
                    compute_dtype=es_cfg.model.dtype, master_dtype=es.master_dtype, optimizer=opt.name,
                    momentum=bool(opt.momentum), device_memory=device_memory,
-                   shard_min_size=es_cfg.mesh.shard_min_size)
+                   shard_min_size=es_cfg.mesh.shard_min_size, platform=platform)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-import jax
-
 from jaxcore.errors import UserError
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.peft import target_paths
@@ -20,6 +18,7 @@ from jaxcore.runtime.memory import (
     itemsize,
     kv_cache_bytes,
     param_shapes,
+    planned_platform,
     prefill_activation_bytes,
 )
 from jaxcore.runtime.plan_check import prompt_tokens_of
@@ -45,10 +44,10 @@ CPU_ACTIVATIONS_ADVICE = ("raise grpo.steps_per_generation / grpo.gradient_accum
 
 
 def remat_saves(scan: bool = True) -> bool:
-    """Whether model.remat lowers the train step's memory on this backend. With the layers scanned, everywhere (a
-    layer's recomputation can only run inside the scan's backward). Unscanned, not on CPU: XLA:CPU schedules each
-    block's recomputation with the forward, so its temp bytes are about those without remat."""
-    return scan or jax.default_backend() != "cpu"
+    """Whether model.remat lowers XLA:CPU's train-step memory. With the layers scanned, yes (a layer's recomputation
+    can only run inside the scan's backward). Unscanned, no: XLA:CPU schedules each block's recomputation with the
+    forward, so its temp bytes are about those without remat. (On a GPU it always does.)"""
+    return scan
 
 
 def saved_per_token_scanned(cfg: ModelConfig, seq: int, c: int) -> float:
@@ -72,6 +71,46 @@ def saved_per_token(cfg: ModelConfig, seq: int, c: int) -> float:
     return c * (6 * d + 2 * h * e + 4 * k * e + 3 * f) + 4 * (2 * d + 2 * (h + k) * e) + h * seq * scores
 
 
+def cpu_activations(cfg: ModelConfig, rows: int, seq: int, new_tokens: int, c: int, remat: bool, scan: bool,
+                    adapters: float | None) -> float:
+    """Bytes XLA:CPU's train step holds beyond the parameters, moments and gradients, for `rows` rows of `seq`
+    tokens (`new_tokens` of them completions) in a compute dtype of `c` bytes; `adapters`: LoRA's, else None."""
+    per_token = saved_per_token(cfg, seq, c)
+    if remat and scan:      # each layer's input is kept; the layer recomputed in the backward holds its GEMMs'
+        # outputs and, as measured on XLA:CPU, about half of its elementwise intermediates
+        recomputed = (saved_per_token_scanned(cfg, seq, c) + per_token) / 2
+        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + recomputed)
+    elif remat and remat_saves(scan):   # only each block's input is kept; one block is recomputed at a time
+        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + per_token)
+    elif scan:      # the scanned layers keep their GEMMs' outputs; the last layer, apart, at the completion positions
+        saved = rows * (seq * (cfg.num_layers - 1) * saved_per_token_scanned(cfg, seq, c) + new_tokens * per_token)
+    else:       # the last layer keeps its query-side arrays at the completion positions only (nothing reads others)
+        saved = rows * (seq * (cfg.num_layers - 1) + new_tokens) * per_token
+    if scan:        # the scan's stacks of per-layer trainable weights: their gradients, and the slices it keeps
+        block_params = cfg.num_layers * sum(math.prod(s) for p, s in param_shapes(cfg).items()
+                                            if p.startswith("blocks.0."))
+        saved += 2 * (adapters if adapters is not None else 4 * block_params)
+    # the LM head runs only at the completion positions: fp32 logits, their exponential and their gradient
+    return saved + 3 * rows * new_tokens * cfg.vocab_size * 4
+
+
+def gpu_activations(cfg: ModelConfig, rows: int, seq: int, new_tokens: int, c: int, remat: bool,
+                    trainable: float) -> float:
+    """`cpu_activations` for XLA:GPU, scanned or not: every layer keeps its GEMMs' outputs (the last layer at the
+    completion positions only), or with remat its input, while one layer is recomputed; no layer's weights are
+    kept in the compute dtype. The peak is the LM head's backward (two fp32 logit arrays and the head's weight in
+    the compute dtype, before any of the `trainable` bytes of gradients exists) or the layers' backward (the
+    gradients, and the logits' gradient in the compute dtype, kept for the head's own gradient until the layers are
+    done), whichever is larger."""
+    layer = saved_per_token_scanned(cfg, seq, c)
+    if remat:
+        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + layer)
+    else:
+        saved = rows * (seq * (cfg.num_layers - 1) + new_tokens) * layer
+    head_outputs = rows * new_tokens * cfg.vocab_size
+    return saved + max(2 * head_outputs * 4 + cfg.vocab_size * cfg.hidden_size * c - trainable, head_outputs * c)
+
+
 def _lora_paths(cfg: ModelConfig, target_modules: tuple[str, ...] | str) -> list[str]:
     try:
         return sorted(target_paths(SimpleNamespace(config=cfg), LoRAConfig(target_modules=target_modules)))
@@ -84,12 +123,15 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
               lora_rank: int | None = None, lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj"),
               lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
               accumulation: int = 1, scoring: bool = False, device_memory: float | None = None,
-              cache_tokens: int | None = None, scan: bool = True) -> MemoryPlan:
+              cache_tokens: int | None = None, scan: bool = True, platform: str | None = None) -> MemoryPlan:
     """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `max_new_tokens` is the
     completion's length (a multi-turn episode's: `RolloutConfig.completion_tokens`), `cache_tokens` the KV-cache
     slots after the prompt (default: as many); `micro_batches` is TRL's steps_per_generation (each
     forward/backward sees rows / micro_batches); `scoring`: a forward over the whole rollout for old or
-    reference log-probs; `scan`: the train step scans the layers (`model.scan_layers`)."""
+    reference log-probs; `scan`: the train step scans the layers (`model.scan_layers`); `platform`: the backend the
+    run compiles for (`planned_platform`), as XLA:CPU and XLA:GPU keep different buffers in the train step."""
+    platform = planned_platform(platform)
+    cpu = platform == "cpu"
     shapes = param_shapes(cfg)
     c = itemsize(compute_dtype, "model.dtype")
     base_bytes = itemsize(lora_base_dtype, "grpo.lora.base_dtype") if lora_rank and lora_base_dtype else 4
@@ -109,39 +151,30 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
     seq = t_prompt + max_new_tokens
     rows = math.ceil(prompts * generations / (devices * micro_batches))
     per_token = saved_per_token(cfg, seq, c)
-    if remat and scan:      # each layer's input is kept; the layer recomputed in the backward holds its GEMMs'
-        # outputs and, as measured on XLA:CPU, about half of its elementwise intermediates
-        recomputed = (saved_per_token_scanned(cfg, seq, c) + per_token) / 2
-        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + recomputed)
-    elif remat and remat_saves(scan):   # only each block's input is kept; one block is recomputed at a time
-        saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + per_token)
-    elif scan:      # the scanned layers keep their GEMMs' outputs; the last layer, apart, at the completion positions
-        saved = rows * (seq * (cfg.num_layers - 1) * saved_per_token_scanned(cfg, seq, c) + max_new_tokens * per_token)
-    else:       # the last layer keeps its query-side arrays at the completion positions only (nothing reads others)
-        saved = rows * (seq * (cfg.num_layers - 1) + max_new_tokens) * per_token
-    if scan:        # the scan's stacks of per-layer trainable weights: their gradients, and the slices it keeps
-        block_params = cfg.num_layers * sum(math.prod(s) for p, s in shapes.items() if p.startswith("blocks.0."))
-        saved += 2 * (adapters if lora_rank else 4 * block_params)
-    # the LM head runs only at the completion positions: fp32 logits, their exponential and their gradient
-    logits = 3 * rows * max_new_tokens * cfg.vocab_size * 4
+    if cpu:
+        activations = cpu_activations(cfg, rows, seq, max_new_tokens, c, remat, scan, adapters if lora_rank else None)
+    else:
+        activations = gpu_activations(cfg, rows, seq, max_new_tokens, c, remat, trainable)
     score_rows = gen_rows if scoring else 0
     terms = {"master weights": base + adapters, "compute weights": gathered, "optimizer state": moments,
              "reference model": reference,
              "kv cache": kv_cache_bytes(cfg, gen_rows, t_prompt + (cache_tokens or max_new_tokens), c),
              "generation activations": prefill_activation_bytes(cfg, gen_rows, t_prompt, c),
              "gradients": trainable * (2 if accumulation > 1 else 1),
-             "activations": saved + logits,
+             "activations": activations,
              "scoring activations": 2 * score_rows * max_new_tokens * cfg.vocab_size * 4
                                     + score_rows * seq * per_token}
-    phases = {"generation": ("kv cache", "generation activations"), "training": ("gradients", "activations"),
-              "scoring": ("scoring activations",)}
-    advice = {**GRPO_ADVICE, **({} if remat_saves(scan) else {"activations": CPU_ACTIVATIONS_ADVICE})}
+    # XLA:GPU casts each weight where the step reads it: the whole compute copy is the rollout's alone
+    generation = ("kv cache", "generation activations") if cpu else ("compute weights", "kv cache",
+                                                                     "generation activations")
+    phases = {"generation": generation, "training": ("gradients", "activations"), "scoring": ("scoring activations",)}
+    advice = {**GRPO_ADVICE, **({} if remat_saves(scan) or not cpu else {"activations": CPU_ACTIVATIONS_ADVICE})}
     return MemoryPlan(terms, devices, 1, device_memory, 0, phases, "grpo", f"data={devices // fsdp} fsdp={fsdp}",
-                      advice)
+                      advice, platform)
 
 
 def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, device_memory: float | None = None,
-             prompt_tokens: int | None = None, prompts: int | None = None) -> MemoryPlan:
+             prompt_tokens: int | None = None, prompts: int | None = None, platform: str | None = None) -> MemoryPlan:
     """`plan_grpo` for a `jaxcore grpo` job config (`GRPOConfig`): completions as long as a rollout row's can be
     (`rollout.completion_tokens`: with tools, a whole episode), micro-batches are its steps_per_generation,
     and the whole rollout is scored for reference log-probs (beta) or old ones from the learner's forward."""
@@ -157,4 +190,4 @@ def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, devi
                      lora_base_dtype=lora.base_dtype if lora else None, remat=grpo_cfg.model.remat,
                      micro_batches=g.generation_steps, accumulation=g.gradient_accumulation_steps,
                      scoring=g.beta != 0.0 or grpo_cfg.old_logp_source == "forward", device_memory=device_memory,
-                     scan=grpo_cfg.model.scan_layers)
+                     scan=grpo_cfg.model.scan_layers, platform=platform)

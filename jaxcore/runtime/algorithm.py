@@ -46,8 +46,9 @@ class Algorithm(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def memory_plan(cls, cfg: Any, model_cfg: Any, *, devices: int, device_memory: float | None = None,
-                    prompt_tokens: int | None = None, **sizes: int) -> MemoryPlan:
-        """The per-device memory plan of this job (`sizes` override the configured population or prompts)."""
+                    prompt_tokens: int | None = None, platform: str | None = None, **sizes: int) -> MemoryPlan:
+        """The per-device memory plan of this job for `platform` (default: JAX's default backend; `sizes` override
+        the configured population or prompts)."""
 
     @classmethod
     def layout_refusal(cls, cfg: Any, devices: int) -> str | None:
@@ -62,7 +63,7 @@ class Algorithm(abc.ABC):
 
     @classmethod
     def largest_fitting(cls, cfg: Any, model_cfg: Any, *, devices: int, device_memory: float | None = None,
-                        prompt_tokens: int | None = None) -> tuple[str, int] | None:
+                        prompt_tokens: int | None = None, platform: str | None = None) -> tuple[str, int] | None:
         """The setting `jaxcore plan` sizes to the device memory, as it names it, and its largest value whose
         memory plan fits (0 if none); None when the algorithm sizes nothing."""
         return None
