@@ -7,7 +7,8 @@ aliased) plus XLA's size of what is held across it, and the run's peak is the la
 adds its terms (`MemoryPlan.total`):
 
 - ES generation: the population's prefill or decode loop (compute weights, factors, KV cache, activations), with
-  the masters and optimizer state held;
+  the masters (every parameter's, as `shard_masters` keeps them, not only the perturbed ones the update reads) and
+  the optimizer state held;
 - ES update: the gradient from regenerated factors, then the optimizer step on the sharded masters, with the
   compute weights held (the plan keeps them for the next epoch);
 - GRPO training: the train step (its arguments are the masters and AdamW moments);
@@ -20,8 +21,10 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from jaxcore.bench import gpu_compile
+from jaxcore.model.state import flat_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +64,10 @@ def _stats(lowered: Any) -> tuple[Any, str]:
 def _report(planned: Any, phases: dict[str, int], collectives: dict[str, dict[str, int]], card: float
             ) -> dict[str, Any]:
     xla = max(phases.values())
+    plan_phases = {phase: planned.persistent + total for phase, total in planned.phase_totals().items()}
     return {"plan_bytes": planned.total, "xla_bytes": xla, "plan_over_xla": round(planned.total / xla, 3),
-            "xla_phase_bytes": phases, "plan_phase_bytes": planned.phase_totals(),
+            "xla_phase_bytes": phases, "plan_phase_bytes": plan_phases,
+            "plan_over_xla_by_phase": {phase: round(plan_phases[phase] / v, 3) for phase, v in phases.items()},
             "device_memory_bytes": card, "fits": xla <= card, "collectives": collectives}
 
 
@@ -80,7 +85,7 @@ def es_plan_check(run: ESRun = ESRun()) -> dict[str, Any]:
     planned = es_memory.plan_es(config, population=run.population, rank=1, prompts=run.prompts, generations=1,
                                 prompt_tokens=run.prompt_tokens, max_new_tokens=run.new_tokens, devices=run.devices,
                                 model_axis=run.model_axis, compute_dtype="bfloat16", optimizer=run.optimizer,
-                                device_memory=card)
+                                device_memory=card, platform="gpu")
     model = gpu_compile.placed_model(config, mesh, "bfloat16", meshes.MODEL)
     population, _ = gpu_compile.placed_population(model, mesh, run.population, meshes.POP)
     work = gpu_compile.Workload(rows=run.population * run.prompts, prompt=run.prompt_tokens,
@@ -88,11 +93,11 @@ def es_plan_check(run: ESRun = ESRun()) -> dict[str, Any]:
     generation = [_stats(x) for x in gpu_compile.lower_generate(population, mesh, work, meshes.POP)]
     gradient, update = (_stats(x) for x in gpu_compile.lower_es_update(config, mesh, run.population, run.optimizer))
     gradient_bytes = gradient[0].output_size_in_bytes
-    held = update[0].argument_size_in_bytes - gradient_bytes               # the masters and optimizer state
+    others = _masters_bytes(config, mesh) - gradient_bytes        # the masters no update reads (g: the perturbed)
+    held = others + update[0].argument_size_in_bytes - gradient_bytes     # every master and the optimizer state
     compute_weights = sum(_shard_bytes(x) for x in _weights(model))
     phases = {"generation": held + max(_peak(s) for s, _ in generation),
-              "update": compute_weights + max(held + _peak(gradient[0]),
-                                              update[0].argument_size_in_bytes + update[0].temp_size_in_bytes)}
+              "update": compute_weights + max(held + _peak(gradient[0]), others + _peak(update[0]))}
     collectives = {"generation": _summed(collective_counts(t) for _, t in generation),
                    "update": _summed(collective_counts(t) for _, t in (gradient, update))}
     return {"run": dataclasses.asdict(run), **_report(planned, phases, collectives, card)}
@@ -111,7 +116,8 @@ def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
     card = gpu_targets.device_memory(run.target)
     planned = grpo_memory.plan_grpo(config, prompts=run.prompts, generations=run.generations,
                                     prompt_tokens=run.prompt_tokens, max_new_tokens=run.new_tokens,
-                                    devices=run.devices, compute_dtype="bfloat16", device_memory=card)
+                                    devices=run.devices, compute_dtype="bfloat16", device_memory=card,
+                                    platform="gpu")
     rows = run.prompts * run.generations
     learner = gpu_compile.grpo_learner(config, mesh, "bfloat16")
     work = gpu_compile.Workload(rows=rows, prompt=run.prompt_tokens, new_tokens=run.new_tokens)
@@ -127,6 +133,20 @@ def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
     return {"run": dataclasses.asdict(run), **_report(planned, phases, collectives, card)}
 
 
+def _masters_bytes(config: Any, mesh: Any) -> int:
+    """Per-device bytes of ES's fp32 masters of every parameter on `mesh` (`sharding.master_spec`)."""
+    import numpy as np
+
+    from jaxcore.model.transformer import abstract_model
+    from jaxcore.parallel import sharding
+
+    total = 0
+    for path, x in flat_state(abstract_model(config)).items():
+        spec = sharding.master_spec(path, tuple(x.shape), mesh, head_dim=config.head_dim)
+        total += int(np.prod(NamedSharding(mesh, spec).shard_shape(x.shape))) * 4
+    return total
+
+
 def _shard_bytes(x: Any) -> int:
     import numpy as np
 
@@ -135,8 +155,6 @@ def _shard_bytes(x: Any) -> int:
 
 
 def _weights(model: Any) -> list[Any]:
-    from jaxcore.model.state import flat_state
-
     return list(flat_state(model).values())
 
 
