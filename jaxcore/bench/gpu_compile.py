@@ -319,7 +319,7 @@ def run(options: Any) -> dict[str, Any]:
     target, count = options.target, options.devices
     devices = gpu_targets.topology_devices(target, count)
     w = Workload(rows=8 if options.quick else 64, dtype="bfloat16")
-    preset = "tiny" if options.quick else ("bench" if options.preset == "bench" else options.preset)
+    preset = "tiny" if options.quick else options.preset
     results: dict[str, Any] = {"gpu_compile.settings": {"target": target, "devices": count, "preset": preset,
                                                         **dataclasses.asdict(w), "depths": DEPTHS}}
     for name, build in program_builders(preset, devices, w).items():

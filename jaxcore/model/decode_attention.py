@@ -15,19 +15,27 @@ Shape suffixes: B rows, K kv heads, G query heads per kv head, E head dim, S cac
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
-PATHS = ("auto", "xla", "pallas", "pallas_interpret")   # Transformer.decode_attention
+PATHS = ("auto", "xla", "pallas", "pallas_interpret")   # Transformer.use_decode_attention
+ENV = "JAXCORE_DECODE_ATTENTION"    # the path "auto" takes in this process, where set
 BLOCK_S = 32                        # cache slots per step of the running softmax (a power of two, as Triton needs)
 
 
 def chosen_path(path: str) -> str:
     """The path a setting runs: "auto" is the fused kernel where JAX's backend is a GPU and XLA's elsewhere (on
-    the CPU the XLA path is the faster one); "pallas_interpret" is the kernel interpreted on any backend (tests)."""
+    the CPU the XLA path is the faster one), unless the environment variable `ENV` names a path for every "auto"
+    model of the process (a run started from the command line has no other switch); "pallas_interpret" is the
+    kernel interpreted on any backend (tests)."""
+    if path == "auto":
+        path = os.environ.get(ENV, "auto") or "auto"
+        if path not in PATHS:
+            raise ValueError(f"{ENV}={path!r}; choose from {', '.join(PATHS)}")
     if path not in PATHS:
         raise ValueError(f"decode_attention={path!r}; choose from {', '.join(PATHS)}")
     if path == "auto":

@@ -72,10 +72,15 @@ def test_the_kernel_in_bf16_rounds_as_the_xla_path_does():
     np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32), atol=2e-2)
 
 
-def test_auto_runs_the_xla_path_on_the_cpu_and_a_wrong_name_is_one_line():
+def test_auto_runs_the_xla_path_on_the_cpu_and_a_wrong_name_is_one_line(monkeypatch):
     assert chosen_path("auto") == "xla"
     with pytest.raises(ValueError, match="choose from auto, xla, pallas, pallas_interpret"):
         chosen_path("triton")
+    monkeypatch.setenv("JAXCORE_DECODE_ATTENTION", "pallas")           # the command line's switch for "auto"
+    assert chosen_path("auto") == "pallas" and chosen_path("xla") == "xla"
+    monkeypatch.setenv("JAXCORE_DECODE_ATTENTION", "cuda")
+    with pytest.raises(ValueError, match="JAXCORE_DECODE_ATTENTION='cuda'; choose from"):
+        chosen_path("auto")
 
 
 @jax.jit
