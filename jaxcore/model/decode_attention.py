@@ -43,6 +43,12 @@ def chosen_path(path: str) -> str:
     return path
 
 
+def fits(head_dim: int) -> bool:
+    """Whether the kernel takes heads of this width: a power of two of at least 16 (Triton's blocks are powers of
+    two, and RoPE splits the head in halves); other widths run the XLA path."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 def _rotated(x1: Array, x2: Array, cos: Array, sin: Array) -> tuple[Array, Array]:
     """HF's half-split rotation of (x1, x2), the two halves of the head dim, in float32."""
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin

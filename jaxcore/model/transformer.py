@@ -124,7 +124,7 @@ class Attention(nnx.Module):
             q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
         if cache_kv is not None and t == 1 and queries_from == 0:
             path = decode_attention.chosen_path(self.decode_attention)
-            if path != "xla":
+            if path != "xla" and decode_attention.fits(self.head_dim):
                 return self._fused_step(q_BTHE, k_BTKE, v_BTKE, rope, mask_BTS, cache_kv, cache_index, path)
         if rope is not None:
             q_BTHE, k_BTKE = rotate(q_BTHE, tuple(x[:, queries_from:] for x in rope)), rotate(k_BTKE, rope)

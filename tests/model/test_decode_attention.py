@@ -72,6 +72,13 @@ def test_the_kernel_in_bf16_rounds_as_the_xla_path_does():
     np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32), atol=2e-2)
 
 
+def test_heads_whose_width_is_not_a_power_of_two_keep_the_xla_path():
+    from jaxcore.model.decode_attention import fits
+
+    assert fits(16) and fits(64) and fits(128) and fits(256)
+    assert not fits(80) and not fits(96) and not fits(8)
+
+
 def test_auto_runs_the_xla_path_on_the_cpu_and_a_wrong_name_is_one_line(monkeypatch):
     assert chosen_path("auto") == "xla"
     with pytest.raises(ValueError, match="choose from auto, xla, pallas, pallas_interpret"):
