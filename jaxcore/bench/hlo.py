@@ -154,7 +154,7 @@ def kernels(hlo_text: str) -> int:
 
 def collectives(hlo_text: str) -> dict[str, list[list[tuple[str, int]]]]:
     """{collective: [[(dtype, elements) of each array it returns], ...]}, one entry per collective instruction
-    anywhere in the program (a loop body's once)."""
+    anywhere in the program (a loop body's once); a collective the program does not send reads as []."""
     found: dict[str, list[list[tuple[str, int]]]] = defaultdict(list)
     for instructions in computations(hlo_text)[1].values():
         for instruction in instructions:
@@ -162,7 +162,7 @@ def collectives(hlo_text: str) -> dict[str, list[list[tuple[str, int]]]]:
             if op in COLLECTIVE_OPS:
                 found[op].append([(dtype, math.prod(int(d) for d in dims.split(",") if d))
                                   for dtype, dims in _SHAPE.findall(instruction.result_type)])
-    return dict(found)
+    return found
 
 
 def collective_counts(hlo_text: str) -> dict[str, int]:

@@ -63,6 +63,7 @@ def test_kernels_count_fusions_library_calls_and_loop_bodies_by_trip_count():
     assert hlo.kernels(GPU_STYLE) == 8
     assert hlo.collective_counts(GPU_STYLE) == {"all-reduce": 3}
     assert hlo.collectives(GPU_STYLE) == {"all-reduce": [[("f32", 128)]]}
+    assert hlo.collectives(GPU_STYLE)["all-gather"] == []                 # one it does not send reads as none
 
 
 def test_kernel_bytes_count_an_in_place_update_as_its_update_and_leave_out_library_scratch():
