@@ -161,7 +161,12 @@ def model_summary(model: Any) -> dict[str, Any]:
 
 def compiled_bytes(jitted: Any, *args: Any, **kwargs: Any) -> int:
     """Peak device memory XLA plans for one call: arguments + outputs + temporaries - aliased."""
-    stats = jitted.lower(*args, **kwargs).compile().memory_analysis()
+    return peak_bytes(jitted.lower(*args, **kwargs).compile().memory_analysis())
+
+
+def peak_bytes(stats: Any) -> int:
+    """A compiled program's per-device peak from its `memory_analysis()`: arguments + outputs + temporaries -
+    aliased."""
     return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
                - stats.alias_size_in_bytes)
 

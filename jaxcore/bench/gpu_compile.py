@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcore.bench import hlo
+from jaxcore.bench import hlo, peak_bytes
 
 PROGRAMS = ("decode", "decode_population", "prefill", "grpo_step", "es_generate", "es_update")
 # the decode step on XLA's ops alone (`decode_attention="xla"`), for comparison with the fused kernel a GPU runs
@@ -225,18 +225,11 @@ class Compiled:
 
 def compile_all(lowered: Sequence[Any]) -> Compiled:
     began = time.perf_counter()
-    kernels, collectives, peak, accessed = 0, {}, 0, 0
-    for one in lowered:
-        compiled = one.compile()
-        text = compiled.as_text()
-        kernels += hlo.kernels(text)
-        for op, n in hlo.collective_counts(text).items():
-            collectives[op] = collectives.get(op, 0) + n
-        stats = compiled.memory_analysis()
-        peak = max(peak, int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-                             - stats.alias_size_in_bytes))
-        accessed += hlo.kernel_bytes(text)
-    return Compiled(kernels, collectives, peak, accessed, time.perf_counter() - began)
+    compiled = [one.compile() for one in lowered]
+    texts = [c.as_text() for c in compiled]
+    return Compiled(sum(map(hlo.kernels, texts)), hlo.summed_counts(map(hlo.collective_counts, texts)),
+                    max(peak_bytes(c.memory_analysis()) for c in compiled), sum(map(hlo.kernel_bytes, texts)),
+                    time.perf_counter() - began)
 
 
 def per_layer(build: Callable[[int], Sequence[Any]], depths: tuple[int, int] = DEPTHS) -> tuple[float, Compiled]:

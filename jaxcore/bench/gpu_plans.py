@@ -23,7 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from jaxcore.bench import gpu_compile
+from jaxcore.bench import gpu_compile, peak_bytes
 from jaxcore.model.state import flat_state
 
 
@@ -51,11 +51,6 @@ class GRPORun:
     new_tokens: int = 256
 
 
-def _peak(stats: Any) -> int:
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-               - stats.alias_size_in_bytes)
-
-
 def _stats(lowered: Any) -> tuple[Any, str]:
     compiled = lowered.compile()
     return compiled.memory_analysis(), compiled.as_text()
@@ -74,7 +69,7 @@ def _report(planned: Any, phases: dict[str, int], collectives: dict[str, dict[st
 def es_plan_check(run: ESRun = ESRun()) -> dict[str, Any]:
     """`plan_es` beside XLA's per-device memory of the ES epoch's programs on `run.devices` x `run.target`."""
     from jaxcore.bench import gpu_targets
-    from jaxcore.bench.hlo import collective_counts
+    from jaxcore.bench.hlo import collective_counts, summed_counts
     from jaxcore.es import memory as es_memory
     from jaxcore.parallel import meshes
 
@@ -96,17 +91,17 @@ def es_plan_check(run: ESRun = ESRun()) -> dict[str, Any]:
     others = _masters_bytes(config, mesh) - gradient_bytes        # the masters no update reads (g: the perturbed)
     held = others + update[0].argument_size_in_bytes - gradient_bytes     # every master and the optimizer state
     compute_weights = sum(_shard_bytes(x) for x in _weights(model))
-    phases = {"generation": held + max(_peak(s) for s, _ in generation),
-              "update": compute_weights + max(held + _peak(gradient[0]), others + _peak(update[0]))}
-    collectives = {"generation": _summed(collective_counts(t) for _, t in generation),
-                   "update": _summed(collective_counts(t) for _, t in (gradient, update))}
+    phases = {"generation": held + max(peak_bytes(s) for s, _ in generation),
+              "update": compute_weights + max(held + peak_bytes(gradient[0]), others + peak_bytes(update[0]))}
+    collectives = {"generation": summed_counts(collective_counts(t) for _, t in generation),
+                   "update": summed_counts(collective_counts(t) for _, t in (gradient, update))}
     return {"run": dataclasses.asdict(run), **_report(planned, phases, collectives, card)}
 
 
 def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
     """`plan_grpo` beside XLA's per-device memory of a GRPO step's programs on `run.devices` x `run.target`."""
     from jaxcore.bench import gpu_targets
-    from jaxcore.bench.hlo import collective_counts
+    from jaxcore.bench.hlo import collective_counts, summed_counts
     from jaxcore.grpo import memory as grpo_memory
     from jaxcore.parallel import meshes
 
@@ -127,9 +122,9 @@ def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
     held = step.argument_size_in_bytes - batch_bytes                       # masters and AdamW moments
     model = gpu_compile.placed_model(config, mesh, "bfloat16")
     generation = [_stats(x) for x in gpu_compile.lower_generate(model, mesh, work, meshes.DATA)]
-    phases = {"training": _peak(step), "generation": held + max(_peak(s) for s, _ in generation)}
+    phases = {"training": peak_bytes(step), "generation": held + max(peak_bytes(s) for s, _ in generation)}
     collectives = {"training": collective_counts(step_text),
-                   "generation": _summed(collective_counts(t) for _, t in generation)}
+                   "generation": summed_counts(collective_counts(t) for _, t in generation)}
     return {"run": dataclasses.asdict(run), **_report(planned, phases, collectives, card)}
 
 
@@ -156,11 +151,3 @@ def _shard_bytes(x: Any) -> int:
 
 def _weights(model: Any) -> list[Any]:
     return list(flat_state(model).values())
-
-
-def _summed(counts: Any) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for one in counts:
-        for op, n in one.items():
-            total[op] = total.get(op, 0) + n
-    return total

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 # Instructions that launch nothing: values already in memory, views, tuples and control flow (a loop's or a
 # branch's kernels are those of its computations).
@@ -170,3 +171,11 @@ def collective_counts(hlo_text: str) -> dict[str, int]:
     counts = kernel_counts(hlo_text)
     return {op: sum(n for name, n in counts.items() if name.removesuffix("-start") == op)
             for op in COLLECTIVE_OPS if any(name.removesuffix("-start") == op for name in counts)}
+
+
+def summed_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Several programs' `collective_counts` added up (one run of each)."""
+    total: Counter = Counter()
+    for one in counts:
+        total.update(one)
+    return dict(total)
