@@ -87,6 +87,8 @@ def to_values(output: Any, n: int) -> np.ndarray:
 def reward_value(value: Any, sample: int) -> float:
     """One reward from user code as a float (NaN stays NaN: skipped like None); ValueError naming what it was when
     it is not a real number finite in float32 (a string, an infinity, an integer too large for a float, 1e300)."""
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()                # a 0-d torch tensor or numpy array holding one number (TRL takes it)
     if not isinstance(value, numbers.Real):
         raise ValueError(f"returned {value!r:.60} for sample {sample}; expected a finite number")
     try:

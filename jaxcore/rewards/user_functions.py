@@ -50,7 +50,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,9 +241,9 @@ class TRLReward(ImportedBySpec):
         def log_extra(column: str, values: list[Any]) -> None:
             extra.setdefault(column, []).extend(values)
 
-        values = resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns,
-                                  trainer_state=trainer_state if trainer_state is not None else TrainerState(),
-                                  log_extra=log_extra, log_metric=log_metric))
+        values = as_listed(resolved(self.fn(prompts=prompts, completions=texts, completion_ids=ids, **columns,
+                                            trainer_state=trainer_state if trainer_state is not None
+                                            else TrainerState(), log_extra=log_extra, log_metric=log_metric)))
         if (metrics or extra) and not isinstance(values, (str, bytes, Mapping)):
             try:
                 return Reported(values, metrics, extra)
@@ -268,6 +268,17 @@ def _copied(rows: Any) -> Any:
         return copy.deepcopy(rows)
     except Exception:  # noqa: BLE001 -- any failure to copy: pass the rows as TRL would have them
         return rows
+
+
+def as_listed(values: Any) -> Any:
+    """What a reward function returned, as TRL reads it (`[r if r is not None else nan for r in output]`, then
+    `torch.tensor`): a generator or other iterator as the list of its values, a 1-d torch tensor or numpy array as
+    its list of numbers; anything else as it is (`to_values` says what is wrong with it)."""
+    if isinstance(values, Iterator):
+        return list(values)
+    if getattr(values, "ndim", None) == 1 and callable(getattr(values, "tolist", None)):
+        return values.tolist()
+    return values
 
 
 def resolved(value: Any) -> Any:

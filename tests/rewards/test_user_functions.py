@@ -577,3 +577,45 @@ def test_a_reward_is_named_as_trl_names_it():
     funcs = [functools.partial(functools.partial(scaled_length, scale=2.0)), Judge()]
     fns, _ = resolve_rewards(funcs)
     assert list(fns) == [trl_utils.get_callable_name(f) for f in funcs] == ["scaled_length", "Judge"]
+
+
+RETURN_FORMS_PY = """
+import numpy as np
+import torch
+
+
+def as_generator(prompts, completions, **kwargs):
+    return (float(len(c)) for c in completions)
+
+
+def as_tensor(prompts, completions, **kwargs):
+    return torch.tensor([float(len(c)) for c in completions], requires_grad=True)
+
+
+def as_0d_tensors(prompts, completions, **kwargs):
+    return [torch.tensor(float(len(c))) if c else None for c in completions]
+
+
+def as_0d_arrays(prompts, completions, **kwargs):
+    return [np.asarray(len(c), np.float32) for c in completions]
+"""
+
+
+@pytest.mark.parametrize("name", ["as_generator", "as_tensor", "as_0d_tensors", "as_0d_arrays"])
+def test_a_reward_returning_a_generator_or_a_tensor_scores_as_in_trl(tmp_path, name):
+    """TRL reads a reward function's output as `[r if r is not None else nan for r in output]` and then
+    `torch.tensor(...)`, so a generator, a 1-d torch tensor and a list of 0-d tensors all score (issue 51; before,
+    the probe call refused them at the start: "a generator with no length", "returned tensor(1.)"), in-process and
+    in worker processes, which cannot send a generator back."""
+    pytest.importorskip("torch")
+    from jaxcore.rewards.user_functions import probe_rewards
+
+    (tmp_path / "forms.py").write_text(RETURN_FORMS_PY)
+    fns, weights = resolve_rewards([f"{tmp_path}/forms.py:{name}"])
+    examples = examples_with([{}, {}, {}])
+    probe_rewards(fns, examples[:2])                               # before: RewardFunctionError
+    for workers in (0, 1):
+        with Scorer(fns, weights, num_workers=workers) as scorer:
+            result = scorer.score([Completion("abc", [1]), Completion("d", [2]), Completion("", [])], examples)
+        assert result.failures == {name: 0}, (workers, result.errors)
+        np.testing.assert_array_equal(result.per_function[name], [3.0, 1.0, np.nan if name == "as_0d_tensors" else 0])
