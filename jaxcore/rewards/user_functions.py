@@ -20,10 +20,10 @@ A spec names the function: `"my_rewards.py:brevity"` (a file; a relative path is
 current directory), `"mypkg.scoring:judge"` (a module; the current directory is searched after the
 installed packages, in the main process and in the scoring workers, so a local package works under
 the `jaxcore` console script too), `"model:PATH"` (a local `AutoModelForSequenceClassification`
-directory, scored in batches with torch, logit 0 as the reward, as TRL does) or a built-in name
-(`jaxcore.rewards.REWARDS`). Every reward is a picklable `RewardFn` that imports its function by spec
-in whichever process calls it (the scoring workers too); nothing unpicklable crosses a process
-boundary.
+directory, or that directory's path alone, as TRL takes a string; scored in batches with torch, logit 0 as
+the reward, as TRL does) or a built-in name (`jaxcore.rewards.REWARDS`). Every reward is a picklable
+`RewardFn` that imports its function by spec in whichever process calls it (the scoring workers too);
+nothing unpicklable crosses a process boundary.
 
 Checked before training (`task_with_rewards`), each a one-line `RewardFunctionError` naming the
 function (exit code 2 from the CLI): an import error, a signature TRL could not call with the task's
@@ -367,7 +367,15 @@ def function_name(spec: str | Callable[..., Any]) -> str:
         return getattr(spec, "__name__", type(spec).__name__)
     if spec.startswith("model:"):
         return f"model:{Path(spec[6:]).name}"
+    if is_reward_model_directory(spec):
+        return Path(spec).name                              # TRL names a reward model by its name_or_path's last part
     return spec.rpartition(":")[2] if ":" in spec else spec
+
+
+def is_reward_model_directory(spec: str) -> bool:
+    """A spec naming a local directory and not a built-in reward: a reward model, as TRL reads a string in
+    `reward_funcs` (the same as `model:DIR`)."""
+    return spec not in REWARDS and ":" not in spec and Path(spec).is_dir()
 
 
 def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequence[float] | None = None,
@@ -390,8 +398,8 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
             fns[name] = TRLReward(name, fn=entry, columns=columns)
         elif not isinstance(entry, str):
             raise RewardFunctionError(f"reward function {entry!r}: expected a name, a spec or a callable")
-        elif entry.startswith("model:"):
-            reward_model = RewardModel(entry[6:], chat_template_kwargs=chat_template_kwargs)
+        elif entry.startswith("model:") or is_reward_model_directory(entry):
+            reward_model = RewardModel(entry.removeprefix("model:"), chat_template_kwargs=chat_template_kwargs)
             reward_model.load()                             # a wrong path fails now, not as fallback 0s
             fns[name] = reward_model
         elif ":" in entry:
@@ -404,7 +412,8 @@ def resolve_rewards(functions: Sequence[str | Callable[..., Any]], weights: Sequ
             fns[name] = REWARDS[entry]
         else:
             raise RewardFunctionError(f"reward function {entry!r}: not a built-in reward ({', '.join(sorted(REWARDS))})"
-                                      " and not a 'file.py:function' or 'module:function' spec")
+                                      ", not a 'file.py:function' or 'module:function' spec and not a reward model "
+                                      "directory ('model:DIR' or the directory itself)")
     values = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
     return fns, dict(zip(fns, values))
 

@@ -619,3 +619,24 @@ def test_a_reward_returning_a_generator_or_a_tensor_scores_as_in_trl(tmp_path, n
             result = scorer.score([Completion("abc", [1]), Completion("d", [2]), Completion("", [])], examples)
         assert result.failures == {name: 0}, (workers, result.errors)
         np.testing.assert_array_equal(result.per_function[name], [3.0, 1.0, np.nan if name == "as_0d_tensors" else 0])
+
+
+def test_a_reward_model_directory_alone_is_a_reward_model_as_in_trl(tmp_path, tiny_dir):
+    """TRL reads a string in reward_funcs as a reward model (AutoModelForSequenceClassification.from_pretrained)
+    and names it by its last path part; jaxcore took a directory for an unknown spec (issue 51). Now a directory
+    scores as `model:DIR` does, through jaxcore.trl too, and a spec that is neither names the `model:DIR` form."""
+    from jaxcore.trl import GRPOConfig, GRPOTrainer
+
+    reward_model_dir(tmp_path)
+    examples = [Example("1+1=", None, {})]
+    by_form = resolve_rewards([f"model:{tmp_path / 'rm'}"])[0]["model:rm"]([Completion("2")], examples)
+    fns, weights = resolve_rewards([str(tmp_path / "rm")])
+    assert list(fns) == ["rm"] and weights == {"rm": 1.0}
+    assert fns["rm"]([Completion("2")], examples) == by_form
+    trainer = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=str(tmp_path / "rm"),
+                          args=GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                                          num_generations=4, max_steps=1),
+                          train_dataset=[{"prompt": f"{i}+{i}="} for i in range(8)])
+    assert list(trainer.job_trainer.make_task().reward_fns) == ["rm"]
+    with pytest.raises(RewardFunctionError, match=r"not a reward model directory \('model:DIR' or the directory"):
+        resolve_rewards([str(tmp_path / "no-such-dir")])
