@@ -20,7 +20,7 @@ GENERATION_KWARGS = {         # a generation_kwargs key jaxcore follows -> the T
     "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_completion_length",
 }
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
-KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit=None: TRL keeps them all
+KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit None or <= 0: transformers keeps them all
 REPORTS = ("tensorboard", "all", "none")    # report_to values jaxcore follows (all: TensorBoard, the one it has)
 NAME_OF_KEY = {               # a job-config key set from one generic argument -> that argument (for error messages)
     "rollout.temperature": "temperature", "rollout.top_p": "top_p", "rollout.top_k": "top_k", "rollout.min_p": "min_p",
@@ -186,7 +186,8 @@ class FlatArguments:
         t.progress = not self.disable_tqdm
         t.log_completions, t.completions_to_print = bool(self.log_completions), self.num_completions_to_print
         t.tensorboard = bool({"tensorboard", "all"} & set(self.reports()))
-        t.max_to_keep = KEEP_EVERY_CHECKPOINT if self.save_total_limit is None else max(self.save_total_limit, 1)
+        limit = self.save_total_limit           # transformers' rotate_checkpoints deletes none for None or <= 0
+        t.max_to_keep = KEEP_EVERY_CHECKPOINT if limit is None or limit <= 0 else limit
         t.checkpoint_every = every(self.save_strategy, self.save_steps, rollouts, per_rollout, per_epoch)
         eval_steps = self.eval_steps if self.eval_steps is not None else self.logging_steps
         t.eval_every = every(self.eval_strategy, eval_steps, rollouts, per_rollout, per_epoch)
