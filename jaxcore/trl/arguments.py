@@ -235,7 +235,7 @@ HANDLED: dict[str, str] = {
     "report_to": "train.tensorboard (tensorboard or all; another integration is warned, without effect)",
     "save_strategy": "train.checkpoint_every (no: -1; steps: save_steps; epoch: once per dataset epoch)",
     "save_steps": "train.checkpoint_every = save_steps / optimizer steps per rollout",
-    "save_total_limit": "train.max_to_keep (None: every checkpoint)",
+    "save_total_limit": "train.max_to_keep (None or <= 0: every checkpoint, as transformers)",
     "eval_strategy": "train.eval_every (no: -1; steps: eval_steps; epoch: once per dataset epoch)",
     "eval_steps": "train.eval_every = eval_steps / optimizer steps per rollout (None: logging_steps)",
     "per_device_eval_batch_size": "train.eval_batch_size = per_device_eval_batch_size x devices (completions)",
