@@ -40,6 +40,7 @@ HARMLESS_PREFIXES = ("train.out_dir", "train.eval_every", "train.eval_prompts", 
 # with LoRA, the frozen base are read from it again), and train.epochs under a decaying learning-rate schedule.
 DECAYING_SCHEDULES = ("linear", "cosine")
 WEIGHTS_RTOL = 1e-5
+PID_MAX = 2**31 - 1                    # the largest pid_t: a lock's pid above it names no process
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -224,14 +225,19 @@ class OutDirLock:
         return True
 
     def _read_owner(self) -> tuple[str, int, str] | None:
-        """(raw text, pid, host) of the current lock; None when there is none. Refuses an unreadable lock."""
+        """(raw text, pid, host) of the current lock; None when there is none. Refuses a lock that does not name its
+        owner: a pid that is not a whole number a process can have (a string, Infinity, 1e30, 0 or below: os.kill
+        would overflow, or signal a whole process group) or no host."""
         try:
             text = self.path.read_text()
         except FileNotFoundError:
             return None
         try:
             owner = json.loads(text)
-            return text, int(owner["pid"]), str(owner["host"])
+            pid = owner["pid"]
+            if not (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_MAX):
+                raise ValueError(f"pid {pid!r} is not a process id")
+            return text, pid, str(owner["host"])
         except (ValueError, KeyError, TypeError) as err:
             raise OutDirLockedError(f"{self.path.parent} is locked by {self.path}, which does not name its owner "
                                     f"({text[:40]!r}); remove it if no run is using this out_dir") from err

@@ -320,6 +320,23 @@ def test_an_empty_lock_is_not_taken_for_stale(tiny_dir, out, capsys):
     assert digest(ckpt(out)) == before
 
 
+@pytest.mark.parametrize("pid", ["Infinity", "-Infinity", "NaN", "1e30", str(10**30), "2147483648", "-1", "0",
+                                 "true", '"123"', '"abc"', "null", "[1]", "12.0"])
+def test_a_lock_whose_pid_is_no_process_names_the_lock_and_what_to_do(tiny_dir, tmp_path, capsys, pid):
+    """A pid no process can have: one line naming the lock file and saying to remove it, the lock left alone. (Before:
+    Infinity and 1e30 were "unexpected OverflowError" naming nothing, 10**30 overflowed os.kill, and -1 or 0 were
+    taken for a live run: os.kill(-1, 0) and os.kill(0, 0) signal every process or this process group.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    text = f'{{"pid": {pid}, "host": {json.dumps(socket.gethostname())}}}'
+    (out / ".lock").write_text(text)
+    code, err = run_cli(capsys, "es", *es_args(tiny_dir("llama"), out))
+    assert code == 2 and len(err) == 1, err
+    assert f"{out} is locked by {out / '.lock'}, which does not name its owner" in err[0], err
+    assert "remove it if no run is using this out_dir" in err[0], err
+    assert (out / ".lock").read_text() == text
+
+
 def test_the_lock_appears_complete_or_not_at_all(tmp_path, monkeypatch):
     """The lock name is published (hard link) only after the private file holds the whole pid/host record."""
     from jaxcore.runtime.run_guard import OutDirLock
