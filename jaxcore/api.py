@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from jaxcore.config import schema
 from jaxcore.errors import ConfigValueError
 from jaxcore.es.config import ESConfig
+from jaxcore.grpo.async_config import RUNNER_MISSING
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.rewards.file_tasks import dataset_task
 from jaxcore.rewards.user_functions import task_with_rewards
@@ -174,3 +175,10 @@ class GRPOTrainer(_Trainer):
         from jaxcore.grpo.algorithm import GRPOAlgorithm  # lazy: pulls orbax (reference-model loading)
 
         return GRPOAlgorithm
+
+    def check_args(self) -> None:
+        """As every trainer's, and a run with `grpo.asynchronous` set is one line until its runner exists (issue 53):
+        no synchronous run under an asynchronous name."""
+        super().check_args()
+        if self.args.grpo.asynchronous is not None:
+            raise ConfigValueError(RUNNER_MISSING)

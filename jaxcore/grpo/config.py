@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from annotated_types import Ge, Gt, Interval
 
 from jaxcore.config.schema import check
+from jaxcore.grpo.async_config import AsyncOptions
 from jaxcore.grpo.loss_types import LOSS_KINDS
 from jaxcore.model.lora import LoRAConfig
 from jaxcore.parallel.config import DistributedConfig
@@ -104,6 +105,7 @@ class GRPOOptions(GRPOLossConfig):
     num_iterations: Annotated[int, Ge(1)] = 1     # mu: passes over each rollout
     gradient_accumulation_steps: Annotated[int, Ge(1)] = 1
     steps_per_generation: Annotated[int, Ge(1)] | None = None   # micro-batches per rollout (None: the above)
+    asynchronous: AsyncOptions | None = None   # generation on its own devices, overlapping training (issue 53)
     mask_truncated_completions: bool = False
     ref_model_path: str | None = None       # beta > 0: reference model (default: a frozen copy of the initial policy)
     sync_ref_model: bool = False            # TR-DPO: every ref_model_sync_steps, ref = a * policy + (1 - a) * ref

@@ -1,0 +1,73 @@
+"""The `grpo.asynchronous` section: TRL's meanings and defaults, one-line errors, the device groups, and a run with
+it set refused in one line until the asynchronous runner exists (never a synchronous run under its name)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxcore.config.yaml_config import load_config
+from jaxcore.errors import ConfigValueError
+from jaxcore.grpo.async_config import RUNNER_MISSING, AsyncOptions
+from jaxcore.grpo.config import GRPOConfig
+
+
+def test_the_section_is_off_by_default_and_takes_trls_defaults_when_set():
+    assert GRPOConfig().grpo.asynchronous is None
+    cfg = load_config(GRPOConfig, None, ["grpo.asynchronous={}"])
+    assert cfg.grpo.asynchronous == AsyncOptions(rollout_devices=None, max_staleness=4, weight_sync_steps=1,
+                                                 mode="deterministic")
+    cfg = load_config(GRPOConfig, None, ["grpo.asynchronous.rollout_devices=4", "grpo.asynchronous.max_staleness=1",
+                                         "grpo.asynchronous.weight_sync_steps=2",
+                                         "grpo.asynchronous.mode=free_running"])
+    assert cfg.grpo.asynchronous == AsyncOptions(4, 1, 2, "free_running")
+    assert load_config(GRPOConfig, None, ["grpo.asynchronous=null"]).grpo.asynchronous is None
+
+
+def test_trls_defaults_are_its_async_configs():
+    import dataclasses
+
+    trl_config = pytest.importorskip("trl.experimental.async_grpo").AsyncGRPOConfig
+    theirs = {f.name: f.default for f in dataclasses.fields(trl_config)}
+    assert AsyncOptions().max_staleness == theirs["max_staleness"]
+    assert AsyncOptions().weight_sync_steps == theirs["weight_sync_steps"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("grpo.asynchronous.max_staleness=-1", "grpo.asynchronous.max_staleness=-1: must be >= 0"),
+    ("grpo.asynchronous.weight_sync_steps=0", "grpo.asynchronous.weight_sync_steps=0: must be >= 1"),
+    ("grpo.asynchronous.rollout_devices=0", "grpo.asynchronous.rollout_devices=0: must be >= 1"),
+    ("grpo.asynchronous.mode=eager", "grpo.asynchronous.mode='eager': must be 'deterministic' or 'free_running'"),
+    ("grpo.asynchronous.lag=1", "unknown config key grpo.asynchronous.lag"),
+])
+def test_a_value_out_of_range_is_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigValueError) as err:
+        load_config(GRPOConfig, None, [override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_constructed_in_python_it_is_checked_too():
+    with pytest.raises(ConfigValueError, match=r"grpo.asynchronous.max_staleness=-2: must be >= 0"):
+        AsyncOptions(max_staleness=-2)
+
+
+def test_device_groups_are_disjoint_and_leave_each_side_a_device():
+    assert AsyncOptions(rollout_devices=4).device_groups(8) == (4, 4)
+    assert AsyncOptions(rollout_devices=1).device_groups(8) == (1, 7)
+    assert AsyncOptions().device_groups(8) == (4, 4) and AsyncOptions().device_groups(3) == (1, 2)
+    for options, devices in ((AsyncOptions(rollout_devices=8), 8), (AsyncOptions(), 1)):
+        with pytest.raises(ValueError, match="must leave at least one of the .* devices to train"):
+            options.device_groups(devices)
+
+
+def test_a_trainer_with_the_section_set_says_in_one_line_that_it_cannot_run_yet():
+    from jaxcore.api import GRPOTrainer
+
+    cfg = load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1"])
+    with pytest.raises(ConfigValueError) as err:
+        GRPOTrainer(args=cfg)
+    assert str(err.value) == RUNNER_MISSING and "\n" not in RUNNER_MISSING
+    GRPOTrainer(args=GRPOConfig())                     # synchronous: constructed as before
+    trainer = GRPOTrainer(args=GRPOConfig())
+    trainer.args.grpo.asynchronous = AsyncOptions()    # set after construction: train() checks again
+    with pytest.raises(ConfigValueError, match="cannot run asynchronous GRPO yet"):
+        trainer.train()
