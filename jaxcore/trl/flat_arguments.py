@@ -9,6 +9,7 @@ import copy
 import json
 import logging
 import math
+import numbers
 import warnings
 from typing import Any, ClassVar
 
@@ -22,6 +23,15 @@ GENERATION_KWARGS = {         # a generation_kwargs key jaxcore follows -> the T
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 KEEP_EVERY_CHECKPOINT = 1_000_000           # save_total_limit None or <= 0: transformers keeps them all
 REPORTS = ("tensorboard", "all", "none")    # report_to values jaxcore follows (all: TensorBoard, the one it has)
+# Counts a run sizes its batches with or divides by: each an integer >= 1 where the trainer maps it (None: unset,
+# where TRL's default is None); before, 0 was a bare ZeroDivisionError from the accounting
+COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "num_iterations",
+          "steps_per_generation", "generation_batch_size", "num_generations", "num_generations_eval",
+          "max_completion_length", "population_size", "prompts_per_step")
+# Numeric lists: each entry a real number (before, ['a'] was "could not convert string to float", naming nothing)
+NUMBER_LISTS = ("reward_weights",)
+# transformers' save/eval/logging intervals: > 0 under the 'steps' strategy, an integer when above 1
+INTERVALS = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
 NAME_OF_KEY = {               # a job-config key set from one generic argument -> that argument (for error messages)
     "rollout.temperature": "temperature", "rollout.top_p": "top_p", "rollout.top_k": "top_k", "rollout.min_p": "min_p",
     "rollout.repetition_penalty": "repetition_penalty",
@@ -99,6 +109,26 @@ class FlatArguments:
             raise ValueError(f"Got warmup_steps = {self.warmup_steps}, Expected value warmup_steps >= 0")
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int):
             raise ValueError(f"max_steps={self.max_steps!r}: must be an integer (a number of optimizer steps)")
+        for name in COUNTS:
+            value = getattr(self, name, None)
+            if name in self.HANDLED and (value is not None or self.DEFAULTS[name] is not None) and not (
+                    isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        for name in NUMBER_LISTS:
+            value = getattr(self, name, None)
+            entries = None if isinstance(value, (str, bytes)) else _entries(value)
+            if name in self.HANDLED and value is not None and (entries is None or not all(
+                    isinstance(v, numbers.Real) and not isinstance(v, bool) for v in entries)):
+                raise ValueError(f"{name}={value!r}: must be a list of numbers")
+        for name, strategy_name in INTERVALS.items():
+            value = getattr(self, name)
+            if strategy(getattr(self, strategy_name)) != "steps" or (name == "eval_steps" and not value):
+                continue                            # transformers: eval_steps None or 0 falls back to logging_steps
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+                raise ValueError(f"{name}={value!r}: {strategy_name}='steps' requires a number of steps > 0 (or a "
+                                 "fraction of the run below 1)")
+            if value > 1 and value != int(value):
+                raise ValueError(f"--{name} must be an integer if bigger than 1: {value}")      # transformers' own
 
     def _check(self) -> None:
         """The trainer's own checks of its arguments (TRL's), before jaxcore's refusals."""
@@ -189,7 +219,7 @@ class FlatArguments:
         limit = self.save_total_limit           # transformers' rotate_checkpoints deletes none for None or <= 0
         t.max_to_keep = KEEP_EVERY_CHECKPOINT if limit is None or limit <= 0 else limit
         t.checkpoint_every = every(self.save_strategy, self.save_steps, rollouts, per_rollout, per_epoch)
-        eval_steps = self.eval_steps if self.eval_steps is not None else self.logging_steps
+        eval_steps = self.eval_steps or self.logging_steps       # transformers: None or 0 is logging_steps
         t.eval_every = every(self.eval_strategy, eval_steps, rollouts, per_rollout, per_epoch)
         t.eval_batch_size = self.per_device_eval_batch_size * devices
         t.eval_samples_per_prompt = self.num_generations_eval or self.num_generations
@@ -212,6 +242,14 @@ class FlatArguments:
                 message = message.replace(key, self.NAME_OF_KEY[key])
             raise ValueError(f"{type(self).__name__}: {message}") from None
         return job
+
+
+def _entries(value: Any) -> list[Any] | None:
+    """The entries of a list argument (None when it is not iterable)."""
+    try:
+        return list(value)
+    except TypeError:
+        return None
 
 
 def every(strategy_value: Any, steps: float, rollouts: int, per_rollout: int, per_epoch: int) -> int:

@@ -315,3 +315,52 @@ def test_save_total_limit_keeps_the_checkpoints_transformers_keeps(limit, tmp_pa
     for args in (GRPOConfig(output_dir="x", save_total_limit=limit), ESConfig(output_dir="x", save_total_limit=limit)):
         max_to_keep = args.to_job_config(devices=1, train_rows=16).train.max_to_keep
         assert max_to_keep >= 5 if kept == 5 else max_to_keep == kept, (type(args).__name__, max_to_keep, kept)
+
+
+def every_count_mapped():
+    """(config class, count argument) for every count either trainer maps (`flat_arguments.COUNTS`)."""
+    from jaxcore.trl.es import ESConfig
+    from jaxcore.trl.flat_arguments import COUNTS
+
+    return [(config, name) for config in (GRPOConfig, ESConfig) for name in COUNTS if name in config.HANDLED]
+
+
+@pytest.mark.parametrize("config, name", every_count_mapped(), ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "4"])
+def test_every_count_setting_is_a_positive_integer_named_in_one_line(config, name, value):
+    """issue 51: num_iterations=0, gradient_accumulation_steps=0 and per_device_train_batch_size=0 were a bare
+    ZeroDivisionError; every count a trainer maps is an integer >= 1, or one line naming it."""
+    if (name, value) == ("num_generations", True) and config is GRPOConfig:
+        value = 0
+    with pytest.raises(ValueError) as err:
+        config(output_dir="x", **{name: value})
+    assert str(err.value).startswith(f"{name}={value!r}: must be an integer >= 1"), str(err.value)
+
+
+@pytest.mark.parametrize("weights", [["a", "b"], "ab", [1.0, None], [True, 1.0], 2.0])
+def test_every_numeric_list_names_itself(weights):
+    """issue 51: reward_weights=['a', 'b'] was "could not convert string to float", naming no argument."""
+    from jaxcore.trl.es import ESConfig
+
+    for config in (GRPOConfig, ESConfig):
+        with pytest.raises(ValueError, match=r"^reward_weights=.*: must be a list of numbers$"):
+            config(output_dir="x", reward_weights=weights)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"logging_steps": 0}, "logging_steps=0: logging_strategy='steps' requires a number of steps > 0"),
+    ({"save_steps": 0}, "save_steps=0: save_strategy='steps' requires a number of steps > 0"),
+    ({"save_steps": -2}, "save_steps=-2: save_strategy='steps'"),
+    ({"eval_strategy": "steps", "eval_steps": -1}, "eval_steps=-1: eval_strategy='steps'"),
+    ({"save_steps": 2.5}, "--save_steps must be an integer if bigger than 1: 2.5"),        # transformers' own
+])
+def test_every_interval_under_the_steps_strategy_is_checked(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        GRPOConfig(output_dir="x", **kwargs)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_eval_steps_0_falls_back_to_logging_steps_as_in_transformers():
+    args = GRPOConfig(output_dir="x", eval_strategy="steps", eval_steps=0, logging_steps=2,
+                      per_device_train_batch_size=8, num_generations=8, max_steps=8)
+    assert args.to_job_config(1, 8).train.eval_every == 2
