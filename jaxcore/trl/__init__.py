@@ -1,7 +1,8 @@
 """TRL 1.16's GRPO script surface on jaxcore: `GRPOConfig` with TRL's flat arguments (`config`, each argument's
 handling in `arguments`) and `GRPOTrainer` with TRL's constructor and methods (`trainer`). A TRL script runs by
 changing its import: `from jaxcore.trl import GRPOConfig, GRPOTrainer`. `ESConfig` and `ESTrainer` (`es`) give
-EGGROLL the same arguments and surface.
+EGGROLL the same arguments and surface. `AsyncGRPOConfig` and `AsyncGRPOTrainer` (`async_grpo`) take TRL's
+`experimental.async_grpo` arguments (its runner is not built yet: the trainer says so in one line).
 
 May import: `jaxcore.api` and the layers below it.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ESConfig", "ESTrainer", "GRPOConfig", "GRPOTrainer"]
+__all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer", "ESConfig", "ESTrainer", "GRPOConfig", "GRPOTrainer"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from jaxcore.trl import es
 
         return getattr(es, name)
+    if name in ("AsyncGRPOConfig", "AsyncGRPOTrainer"):
+        from jaxcore.trl import async_grpo
+
+        return getattr(async_grpo, name)
     raise AttributeError(f"module 'jaxcore.trl' has no attribute {name!r}")
