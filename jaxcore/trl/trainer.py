@@ -97,7 +97,8 @@ class Trainer:
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Train, or continue the run in `args.output_dir` (`resume_from_checkpoint=True`, or a path inside it: jaxcore
-        continues from that run's latest checkpoint). Returns transformers' `TrainOutput`."""
+        continues from that run's latest checkpoint). Returns transformers' `TrainOutput`. SIGINT / SIGTERM finish
+        the generation, checkpoint, and then end the script as they end TRL's (`raise_stop`)."""
         import jax
 
         resume = self._resume(resume_from_checkpoint)
@@ -111,8 +112,12 @@ class Trainer:
                                     lambda step, metrics: history_entry(step, metrics, per_rollout, per_epoch))
         observe.begin()
         summary = self.job_trainer.train(resume=resume, observer=observe)
-        self.state.global_step = (summary.get("last_epoch", job.train.epochs - 1) + 1) * per_rollout
+        last = summary.get("last_epoch", summary.get("start_epoch", 0) - 1 if summary.get("stopped_by")
+                           else job.train.epochs - 1)
+        self.state.global_step = (last + 1) * per_rollout
         self.state.log_history = log_history(Path(job.train.out_dir) / "metrics.jsonl", per_rollout, per_epoch)
+        if summary.get("stopped_by"):
+            raise_stop(summary, self.state.global_step, self.state.max_steps)
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, sum(losses) / len(losses) if losses else 0.0, summary)
 
@@ -242,6 +247,25 @@ class GRPOTrainer(Trainer):
     def _calls_with_this_trainer(self, rollout_func: Callable[..., Any]) -> Callable[[list[Any], Any], Any]:
         """TRL's `rollout_func(prompts, trainer)` with this trainer as `trainer` (its args, state, processing_class)."""
         return lambda prompts, _job_trainer: rollout_func(prompts, self)
+
+
+def raise_stop(summary: dict[str, Any], step: int, max_steps: int) -> None:
+    """A run that SIGINT or SIGTERM stopped (it finished its generation and checkpointed) ends the script as the
+    signal ends TRL's: SIGINT as a plain `KeyboardInterrupt` (uncaught, Python ends the process by SIGINT, the
+    shell's 130; a subclass would exit 1), SIGTERM as
+    `SystemExit(143)`, after one line on stderr saying what was kept. Before, `train()` returned normally and a
+    killed run's script went on and exited 0."""
+    import signal
+    import sys
+
+    signum = signal.Signals[summary["stopped_by"]]
+    kept = (f"checkpoint {summary['checkpoint']}; continue with trainer.train(resume_from_checkpoint=True)"
+            if summary.get("checkpoint") else "no checkpoint kept")
+    message = f"stopped by {signum.name} after step {step} of {max_steps}: {kept}"
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt(message)
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
 
 
 def data_parallel_devices() -> int:
