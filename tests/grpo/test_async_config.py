@@ -71,3 +71,12 @@ def test_a_trainer_with_the_section_set_says_in_one_line_that_it_cannot_run_yet(
     trainer.args.grpo.asynchronous = AsyncOptions()    # set after construction: train() checks again
     with pytest.raises(ConfigValueError, match="cannot run asynchronous GRPO yet"):
         trainer.train()
+
+
+def test_jaxcore_grpo_with_the_section_set_is_one_line_and_writes_nothing(capsys, tmp_path):
+    from cli_runs import grpo_args, run_cli
+
+    out = tmp_path / "run"
+    code, lines = run_cli(capsys, "grpo", *grpo_args(tmp_path / "no-model", out, "grpo.asynchronous.max_staleness=1"))
+    assert code == 2 and lines == [f"jaxcore grpo: error: {RUNNER_MISSING}"]
+    assert not out.exists()
