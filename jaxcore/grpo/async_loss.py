@@ -31,7 +31,7 @@ class AsyncClip:
     delta: None = None
 
 
-def async_grpo_loss(logp_BT: Array, sampler_logp_BT: Array, advantages_B: Array, mask_BT: Array, *,
+def async_grpo_loss(logp_BT: Array, sampler_logp_BT: Array | None, advantages_B: Array, mask_BT: Array, *,
                     epsilon: float = 0.2, epsilon_high: float | None = None, num_tokens: Array | float | None = None,
                     world_size: int = 1, accumulation_steps: int = 1, entropy_BT: Array | None = None
                     ) -> tuple[Array, dict[str, Array]]:
@@ -40,6 +40,9 @@ def async_grpo_loss(logp_BT: Array, sampler_logp_BT: Array, advantages_B: Array,
     ratio = exp(logp - sampler_logp) per token; per-token loss -min(ratio * A, clip(ratio, 1 - epsilon,
     1 + epsilon_high) * A); loss = token sum / max(num_tokens / world_size, 1) / world_size / accumulation_steps,
     which is the gradient TRL's ranks average (each divides its own sum by max(global tokens / world size, 1)).
+    `sampler_logp_BT` None: the batch was sampled from the very weights being trained (`Schedule.on_policy`), so
+    the ratio is exactly 1 (stop_gradient(logp), the synchronous loss's mu = 1 shortcut) rather than the sampler's
+    rounding-level distance from the training forward: with lag 0 a run is then the synchronous one.
     `num_tokens` is TRL's `global_n_tokens`: the micro-batch's active tokens over every rank (default: this
     batch's). Metrics under TRL's names: `ratio`, `kl` (the mean of (ratio - 1) - log ratio, the sampler-to-policy
     k3 estimate), `entropy` (with `entropy_BT`), `clip_ratio/{low,high,region}_mean`, `clip_ratio/low_min` and
@@ -49,7 +52,9 @@ def async_grpo_loss(logp_BT: Array, sampler_logp_BT: Array, advantages_B: Array,
     clip = AsyncClip(epsilon, epsilon_high)
     mask_BT = jnp.asarray(mask_BT).astype(bool)
     advantages_B1 = jnp.asarray(advantages_B, jnp.float32)[:, None]
-    log_ratio_BT = jnp.where(mask_BT, logp_BT.astype(jnp.float32) - sampler_logp_BT.astype(jnp.float32), 0.0)
+    logp32_BT = logp_BT.astype(jnp.float32)
+    sampler32_BT = jax.lax.stop_gradient(logp32_BT) if sampler_logp_BT is None else sampler_logp_BT.astype(jnp.float32)
+    log_ratio_BT = jnp.where(mask_BT, logp32_BT - sampler32_BT, 0.0)
     ratio_BT = jnp.exp(log_ratio_BT)
     per_token_BT, _, _ = clipped_term(logp_BT, ratio_BT, log_ratio_BT, advantages_B1, mask_BT, clip)
     total = jnp.where(mask_BT, per_token_BT, 0.0).sum(-1).sum()         # rows first, as the dapo reduction sums

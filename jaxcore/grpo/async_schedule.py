@@ -52,6 +52,12 @@ class Schedule:
         """Versions between the weights batch `batch` was generated with and the trainer's when it trains it."""
         return self.trainer_version(batch) - self.generation_version(batch)
 
+    def on_policy(self, batch: int) -> bool:
+        """Whether batch `batch` is generated from the very weights its step trains (its version published right
+        before that step): its ratio is then 1, not the sampler's log-probs against the training forward's
+        (`jaxcore.grpo.async_loss`: sampler log-probs None), and with lag 0 and a sync every step every batch is."""
+        return self.published_after(self.generation_version(batch)) == batch
+
     def published_after(self, version: int) -> int:
         """The finished optimizer steps after which `version` is on the rollout devices (its weights: the policy
         after that many steps)."""

@@ -19,6 +19,7 @@ def test_lag_zero_with_a_sync_every_step_is_the_synchronous_run():
     assert [s.generation_version(k) for k in range(6)] == list(range(6))      # batch k from the weights after k
     assert all(s.staleness(k) == 0 for k in range(6))
     assert [list(s.generatable(c)) for c in range(3)] == [[0], [1], [2]]      # nothing to generate ahead: no overlap
+    assert all(s.on_policy(k) for k in range(6))                              # the ratio is 1: the synchronous loss
 
 
 def test_by_hand():
@@ -27,6 +28,8 @@ def test_by_hand():
     assert [s.staleness(k) for k in range(8)] == [0, 0, 1, 1, 1, 1, 1, 1]
     assert list(s.batches_of(0)) == [0, 1, 2, 3] and list(s.batches_of(1)) == [4, 5]
     assert s.published_after(1) == 2 and list(s.generatable(2)) == [2, 3, 4, 5]
+    assert [k for k in range(8) if s.on_policy(k)] == [0]                    # the first step's batch only
+    assert [k for k in range(6) if Schedule(0, 2).on_policy(k)] == [0, 2, 4]  # lag 0: the batches at a sync
 
 
 @pytest.mark.parametrize("lag, sync", SETTINGS)
