@@ -27,6 +27,11 @@ class BenchOptions:
     steps: int | None = None         # the trl suite: steps per run in every regime (None: its defaults)
     target: str = "h100"             # the gpu-compile suite: the GPU compiled for (`gpu_targets.TARGETS`)
     devices: int = 8                 # the gpu-compile suite: GPUs in its topology
+    budget_s: float | None = None    # the learn suite: training seconds per method and seed (None: its default)
+    seeds: tuple[int, ...] | None = None      # the learn suite: seeds per method (None: its default)
+    methods: tuple[str, ...] | None = None    # the learn suite: methods to run (None: all)
+    eval_every_s: float | None = None         # the learn suite: seconds of training between evaluations
+    png: str | None = None           # the learn suite: where its curves go (None: under workdir)
 
 
 # Shapes for the real-size presets (issue 12): batch/population 256, prompt 64, 256 new tokens.

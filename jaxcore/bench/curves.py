@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+
 
 def plot_reward_vs_time(curves: dict[str, dict[str, list[list[list[float]]]]], png: Path, labels: dict[str, str],
-                        title_prefix: str = "") -> str | None:
-    """One panel per key of `curves` ({key: {side: [[times, rewards], ...]}}), a line per run, the sides named by
-    `labels` ({side: label}, the first side in orange, the second in blue); the PNG's path (None when matplotlib
-    is missing)."""
+                        title_prefix: str = "", xlabel: str = "seconds since the run started") -> str | None:
+    """One panel per key of `curves` ({key: {side: [[times, rewards], ...]}}), a line per run (no smoothing), the
+    sides named by `labels` ({side: label}, the first side in orange, the second in blue, then `COLORS`' others);
+    the PNG's path (None when matplotlib is missing)."""
     try:
         import matplotlib
 
@@ -19,10 +21,10 @@ def plot_reward_vs_time(curves: dict[str, dict[str, list[list[list[float]]]]], p
         return None
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
     for ax, (key, sides) in zip(axes[0], curves.items()):
-        for (side, label), color in zip(labels.items(), ("tab:orange", "tab:blue")):
+        for (side, label), color in zip(labels.items(), COLORS):
             for i, (times, rewards) in enumerate(sides[side]):
                 ax.plot(times, rewards, marker=".", color=color, alpha=0.8, label=label if i == 0 else None)
-        ax.set(title=key.removeprefix(title_prefix), xlabel="seconds since the run started", ylabel="mean reward")
+        ax.set(title=key.removeprefix(title_prefix), xlabel=xlabel, ylabel="mean reward")
         ax.grid(alpha=0.3)
         ax.legend()
     png.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ examples:
   jaxcore bench --suite es --quick                                 # small shapes, fast
   jaxcore bench --suite trl --preset smollm2-135m-instruct         # vs TRL's GRPOTrainer (after make smollm2)
   jaxcore bench --suite qiu --preset smollm2-135m-instruct         # vs Qiu et al.'s full-rank ES loop
+  jaxcore bench --suite learn --preset smollm2-135m-instruct --json docs/bench/cpu_learn.json   # reward per second
   jaxcore bench --suite compile --preset smollm2-135m              # making programs against depth (8/16/32 layers)
   jaxcore bench --suite gpu-compile --target h100 --json docs/bench/h100_gpu_compile.json   # no GPU needed
   jaxcore bench --suite gpu-compile --target a100-40 --devices 8 --preset qwen2.5-0.5b
@@ -18,6 +19,10 @@ suites: generate (jaxcore vs HF generate), es (EGGROLL vs plain inference / naiv
 grpo (one optimisation step, torch vs jaxcore), rft (datagen throughput, jax engine vs HF),
 trl (whole GRPO steps of TRL's own GRPOTrainer vs jaxcore.GRPOTrainer; needs `pip install 'jaxcore[trl]'`),
 qiu (ES iterations of Qiu et al.'s full-rank ES loop in torch vs jaxcore's EGGROLL),
+learn (held-out reward against wall-clock seconds for jaxcore GRPO, TRL's GRPOTrainer, jaxcore ES at EGGROLL's and
+at Qiu et al.'s settings, Qiu et al.'s loop and RFT through torchref, the same budget each, every run in a fresh
+process: best reward and time to threshold per method, the curves as a PNG; 6 methods x 2 seeds x 8 minutes by
+default, about 100 minutes),
 compile (seconds to trace, lower and compile the GRPO step, generation and an ES epoch at 8, 16 and 32 layers),
 gpu-compile (the hot programs compiled for a named GPU on any host, with XLA's CUDA plugin from
 `make gpu-compile-install`: kernels per layer, collectives, per-device memory, the decode step against the HBM
@@ -28,14 +33,14 @@ from __future__ import annotations
 
 import argparse
 
-SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "compile", "gpu-compile")
+SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "learn", "compile", "gpu-compile")
 DEFAULT_SUITES = ("generate", "es", "grpo", "rft")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
                         help=f"all or a comma list of {', '.join(SUITES)} (default: {','.join(DEFAULT_SUITES)}; "
-                             "trl and qiu train with the peer's own code for minutes)")
+                             "trl and qiu train with the peer's own code for minutes, learn for over an hour)")
     parser.add_argument("--json", dest="json_path", help="write the results here")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --json file")
     parser.add_argument("--preset", default="bench",
@@ -57,6 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the trl suite's jaxcore runs keep compiled programs in DIR, or off (default "
                              "~/.cache/jaxcore/xla; JAXCORE_COMPILATION_CACHE overrides it); the JSON says whether "
                              "the cache was used and warm")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="the learn suite: seconds of training per method and seed, evaluations not counted "
+                             "(default: 480)")
+    parser.add_argument("--seeds", default=None, metavar="N,N",
+                        help="the learn suite: a comma list of seeds, each method run once per seed (default: 0,1)")
+    parser.add_argument("--methods", default=None, metavar="M,M",
+                        help="the learn suite: a comma list of jaxcore_grpo, trl_grpo, jaxcore_es, jaxcore_es_qiu, "
+                             "qiu_loop, rft (default: all)")
+    parser.add_argument("--eval-every-s", type=float, default=None, metavar="S",
+                        help="the learn suite: seconds of training between held-out evaluations (default: 60)")
+    parser.add_argument("--png", default=None, metavar="FILE",
+                        help="the learn suite: the curves' PNG (default: WORKDIR/learn_reward_vs_time.png)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     presets = ("tiny", *PRESETS, "smollm2-135m-instruct")
     if args.preset not in presets:
         raise UserError(f"unknown --preset {args.preset!r}; choose from {', '.join(dict.fromkeys(presets))}")
+    learn = learn_options(args) if "learn" in suites else {}
     if args.json_path:       # refused before any suite runs; then rewritten (atomically) after each suite
         check_output(args.json_path, kind="file", overwrite=args.overwrite, name="--json")
     if "gpu-compile" in suites:               # the CUDA plugin loads without a driver; before JAX starts
@@ -93,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
                            workdir=args.workdir, compilation_cache=args.compilation_cache, steps=args.steps,
-                           target=args.target, devices=args.devices)
+                           target=args.target, devices=args.devices, **learn)
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:
@@ -126,6 +144,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         print(f"wrote {args.json_path}")
     return 0
+
+
+def learn_options(args: argparse.Namespace) -> dict:
+    """The learn suite's options from the command line, checked before any work (one-line errors)."""
+    from jaxcore.bench.learn import check_methods
+    from jaxcore.errors import UserError
+
+    for name in ("budget_s", "eval_every_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {value:g}")
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds is not None else None
+    except ValueError:
+        raise UserError(f"--seeds must be a comma list of integers, got {args.seeds!r}") from None
+    methods = check_methods(args.methods.split(",")) if args.methods is not None else None
+    return {"budget_s": args.budget_s, "seeds": seeds, "methods": methods, "eval_every_s": args.eval_every_s,
+            "png": args.png}
 
 
 def default_dtype(backend: str) -> str:
