@@ -204,6 +204,8 @@ def valid_values(decl: Declaration) -> st.SearchStrategy[Any]:
     elif origin is dict:
         item = typing.get_args(base)[1]
         values = st.dictionaries(WORDS, WORDS if item is str else st.integers(), max_size=2 if item is str else 0)
+    elif dataclasses.is_dataclass(base):                      # an optional section: null (its settings are leaves)
+        values = st.none()
     else:
         raise AssertionError(f"no strategy for {base}")
     return st.one_of(values, st.none()) if decl.optional else values
