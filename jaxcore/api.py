@@ -24,7 +24,7 @@ and its `Runner`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jaxcore.config import schema
@@ -79,6 +79,8 @@ class _Trainer:
                     or (hasattr(dataset, "__iter__") and not isinstance(dataset, (bytes, Mapping)))):
                 raise TypeError(f"{name} must be a path, a datasets.Dataset or a list of dicts, got "
                                 f"{type(dataset).__name__}")
+        # a generator or other one-shot iterator is read once, now: a run reads its dataset more than once
+        train_dataset, eval_dataset = (list(d) if isinstance(d, Iterator) else d for d in (train_dataset, eval_dataset))
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         # TRL's multi-turn arguments (`jaxcore.agents`): tool functions, and an environment class / factory or a
         # {name: factory} mapping chosen per row by its `environment` column

@@ -64,6 +64,8 @@ class Trainer:
         self.callbacks = callback_instances(callbacks or ())
         if train_dataset is None:
             raise ValueError(f"train_dataset is required (jaxcore.trl's {type(self).__name__} trains on a dataset)")
+        check_dataset("train_dataset", train_dataset)
+        check_dataset("eval_dataset", eval_dataset)
         if eval_dataset is None and strategy(args.eval_strategy) != "no":
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         self.args, self.model_path = args, model_path
@@ -283,7 +285,11 @@ def lora_config(peft_config: Any, name: str = "peft_config") -> LoRAConfig:
     """peft's `LoraConfig` as jaxcore's: `PEFT_FIELDS` with peft's meaning (its matching of module names and
     patterns: `jaxcore.hf.peft`); any other setting away from peft's default (bias, rsLoRA, DoRA, lora_bias,
     layer_replication, trainable_token_indices, target_parameters, inference_mode, ...) is a one-line ValueError."""
-    if not dataclasses.is_dataclass(peft_config) or getattr(peft_config, "peft_type", None) != "LORA":
+    if isinstance(peft_config, dict) or not dataclasses.is_dataclass(peft_config):          # TRL's TypeError
+        raise TypeError(f"`{name}` must be a `peft.PeftConfig` instance (e.g. `peft.LoraConfig`), got "
+                        f"{type(peft_config).__name__}." + (" (peft.LoraConfig(**it) makes one of a dict)"
+                                                            if isinstance(peft_config, dict) else ""))
+    if getattr(peft_config, "peft_type", None) != "LORA":
         raise ValueError(f"{name}: jaxcore trains LoRA adapters (a peft LoraConfig), got "
                          f"{type(peft_config).__name__}")
     default = type(peft_config)()
@@ -321,6 +327,21 @@ def history_entry(step: int, metrics: dict[str, Any], per_rollout: int, per_epoc
     entry["step"] = step * per_rollout
     entry["epoch"] = entry["step"] / per_epoch
     return entry
+
+
+def check_dataset(name: str, dataset: Any) -> None:
+    """TRL's TypeError for a dataset that is not one dataset (jaxcore also takes a path or a list of dicts): a
+    DatasetDict or other mapping (before: "has 1 rows"), a generator or other one-shot iterator (before: counting
+    its rows used it up, then "no records"). A dict of eval datasets, which TRL evaluates one by one, is one line."""
+    from collections.abc import Iterator, Mapping
+
+    if name == "eval_dataset" and isinstance(dataset, Mapping):
+        raise ValueError(f"eval_dataset: a dict of datasets ({', '.join(map(repr, dataset))}) is not supported by "
+                         "jaxcore yet: pass one dataset (e.g. eval_dataset['test'])")
+    if isinstance(dataset, (Mapping, Iterator)):
+        hint = f" (pass one split, e.g. {name}['train'])" if isinstance(dataset, Mapping) else (
+            " (make it one: datasets.Dataset.from_generator, or a list)")
+        raise TypeError(f"`{name}` must be a `Dataset` or `IterableDataset`, got `{type(dataset).__name__}`.{hint}")
 
 
 def _row_count(dataset: Any) -> int:
