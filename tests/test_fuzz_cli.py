@@ -133,7 +133,7 @@ CASES = [
      "broken.jsonl:1: invalid JSON"),
     ("generate-prompt-not-string", "jaxcore", ["generate", "--model", "{model}", "--prompts-file",
                                                "{tmp}/prompts.jsonl"],
-     "prompts.jsonl:1: missing string field 'prompt'"),
+     "prompts.jsonl:1: missing field 'prompt' (a string, or a conversation"),
     ("generate-empty-prompts", "jaxcore", ["generate", "--model", "{model}", "--prompts-file", "{tmp}/empty.txt"],
      "empty.txt: no prompts"),
     ("generate-too-many-tokens", "jaxcore", ["generate", "--model", "{model}", "--prompt", "hi",

@@ -15,7 +15,7 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 from annotated_types import Ge
 
@@ -29,7 +29,9 @@ TRAIN, MODEL = "jaxcore.runtime.config.TrainConfig", "jaxcore.runtime.config.Mod
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="HF model directory or jaxcore checkpoint")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    parser.add_argument("--prompts-file", help="JSONL with a 'prompt' field, or a text file, one per line")
+    parser.add_argument("--prompts-file", help="JSONL with a 'prompt' field (a string, or a conversation: a list of "
+                                               "role/content messages, rendered with the chat template), or a text "
+                                               "file, one per line")
     parser.add_argument("--output", help="write JSONL here instead of printing (renamed into place when complete)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing, non-empty --output")
     # Each number is checked against the range of the config field it shares (`jaxcore.config.schema`).
@@ -53,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="refuse over-long prompts instead of keeping their last tokens")
 
 
-def read_prompts(path: str) -> list[str]:
-    """Prompts from JSONL ({"prompt": ...} per line) or plain text (one per line), strictly UTF-8."""
+def read_prompts(path: str) -> list[str | list[dict[str, str]]]:
+    """Prompts from JSONL ({"prompt": ...} per line: a string, or a conversation, TRL's list of {"role", "content"}
+    messages) or plain text (one per line), strictly UTF-8."""
     from jaxcore.errors import UserError, check_text, read_text
 
     prompts = []
@@ -66,14 +69,35 @@ def read_prompts(path: str) -> list[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UserError(f"{path}:{number}: invalid JSON ({err.msg})") from err
-            if not isinstance(record.get("prompt"), str):
-                raise UserError(f"{path}:{number}: missing string field 'prompt'")
-            prompts.append(check_text(record["prompt"], f"{path}:{number}: field 'prompt'"))
+            prompt = record.get("prompt") if isinstance(record, dict) else None
+            if isinstance(prompt, list):
+                prompts.append(conversation(prompt, f"{path}:{number}: field 'prompt'"))
+                continue
+            if not isinstance(prompt, str):
+                raise UserError(f"{path}:{number}: missing field 'prompt' (a string, or a conversation: a list of "
+                                "{'role': ..., 'content': ...} messages)")
+            prompts.append(check_text(prompt, f"{path}:{number}: field 'prompt'"))
         else:
             prompts.append(line)
     if not prompts:
         raise UserError(f"{path}: no prompts")
     return prompts
+
+
+def conversation(messages: list[Any], where: str) -> list[dict[str, str]]:
+    """A conversational prompt: a non-empty list of {"role": str, "content": str} messages, or a UserError naming
+    the first message that is not one."""
+    from jaxcore.errors import UserError, check_text
+
+    if not messages:
+        raise UserError(f"{where}: an empty conversation")
+    for index, message in enumerate(messages):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise UserError(f"{where}: message {index} is not a {{'role': str, 'content': str}} message: "
+                            f"{json.dumps(message)[:80]}")
+        check_text(message["content"], f"{where}: message {index}")
+    return [dict(m) for m in messages]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     prompts = list(args.prompt) + (read_prompts(args.prompts_file) if args.prompts_file else [])
     if not prompts:
         raise UserError("give --prompt or --prompts-file")
+    # a conversation is rendered with the chat template (as in training), and then every prompt is, each batch alike
+    chat_template = args.chat_template or any(isinstance(p, list) for p in prompts)
+    if args.system is not None and not chat_template:
+        raise UserError("--system needs --chat-template (the system message is a turn of the chat template; without "
+                        "it the prompts are tokenized as plain text)")
     model, tok_dir = load_any(args.model, args.dtype)
     if tok_dir is None:
         raise UserError(f"{args.model}: no tokenizer files")
@@ -112,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         for index in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
             chunk = prompts[index:index + args.batch_size]
             ids, mask, _ = encode_prompts_limited(tokenizer, chunk, limit, args.max_new_tokens,
-                                                  chat_template=args.chat_template, system=args.system,
+                                                  chat_template=chat_template, system=args.system,
                                                   vocab_size=model.config.vocab_size)
             try:
                 result = generate(model, ids, mask, max_new_tokens=args.max_new_tokens,
