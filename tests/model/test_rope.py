@@ -69,3 +69,40 @@ def test_a_decode_step_over_a_long_cache_computes_no_table_of_every_slot(tiny_di
     transcendentals = float((cost[0] if isinstance(cost, list) else cost)["transcendentals"])
     softmax = cfg.num_layers * cfg.num_heads * slots
     assert transcendentals < softmax + slots * cfg.head_dim, (transcendentals, softmax)
+
+
+ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("layout", ["rope_scaling", "rope_parameters"])       # transformers 4's, and 5's
+@pytest.mark.parametrize("edit, message", [
+    ({"drop": "low_freq_factor"}, "config.json's rope_scaling (llama3) is missing 'low_freq_factor' (transformers has "
+                                  "no default for it): add it"),
+    ({"drop": "original_max_position_embeddings"}, "is missing 'original_max_position_embeddings'"),
+    ({"factor": "8"}, "config.json's rope_scaling (llama3): 'factor' is '8'; expected a positive number"),
+    ({"high_freq_factor": 1.0}, "low_freq_factor 1.0 must be below high_freq_factor 1.0"),
+    ({"rope_type": "linear", "drop": "factor"}, "config.json's rope_scaling (linear) is missing 'factor'"),
+])
+def test_a_rope_scaling_missing_a_key_is_refused_where_it_is_read(tiny_dir, tmp_path, capsys, edit, message, layout):
+    """issue 51: a llama3 rope_scaling without low_freq_factor was accepted by convert, then generate failed with
+    "unexpected KeyError". transformers has no default for these keys, so convert and every load refuse it in one
+    line naming the key."""
+    import json
+    import shutil
+
+    from tests.cli_runs import run_cli
+
+    model = shutil.copytree(tiny_dir("llama"), tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    scaling = {**ROPE_SCALING, **{k: v for k, v in edit.items() if k != "drop"}}
+    scaling.pop(edit.get("drop"), None)
+    config.pop("rope_parameters", None)
+    config[layout] = {**scaling, "rope_theta": 10000.0} if layout == "rope_parameters" else scaling
+    message = message.replace("rope_scaling", layout)
+    (model / "config.json").write_text(json.dumps(config))
+    for command in (["convert", "--from-hf", model, "--out", tmp_path / "converted"],
+                    ["generate", "--model", model, "--prompt", "hi", "--max-new-tokens", "2"]):
+        code, err = run_cli(capsys, *command)
+        assert code == 2 and len(err) == 1 and message in err[0], (command[0], err)
+    assert not (tmp_path / "converted").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Collection, Iterator
 from typing import Annotated, Any
 
@@ -87,7 +88,31 @@ def rope_settings(hf: dict[str, Any], params: dict[str, Any] | None = None, defa
     params.pop("type", None)
     if rope_type == "default":
         return theta, ()
+    check_rope_scaling(rope_type, params, "rope_parameters" if hf.get("rope_parameters") else "rope_scaling")
     return theta, tuple(sorted(params.items()))
+
+
+# what each RoPE scaling reads (transformers' required keys; it has no defaults for them: a missing one is its
+# KeyError when the model is built)
+ROPE_KEYS = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def check_rope_scaling(rope_type: str, params: dict[str, Any], where: str = "rope_scaling") -> None:
+    """A ConfigError naming the first key of `rope_type`'s scaling that is missing or not a positive number, or
+    llama3's low_freq_factor not below its high_freq_factor (they would divide by zero), so that a config is refused
+    where it is read (convert, load) rather than when the rotary tables are first made."""
+    for key in ROPE_KEYS[rope_type]:
+        if key not in params:
+            raise ConfigError(f"config.json's {where} ({rope_type}) is missing '{key}' (transformers has no "
+                              "default for it): add it")
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+            raise ConfigError(f"config.json's {where} ({rope_type}): '{key}' is {value!r}; expected a positive "
+                              "number")
+    if rope_type == "llama3" and not params["low_freq_factor"] < params["high_freq_factor"]:
+        raise ConfigError(f"config.json's {where} (llama3): low_freq_factor {params['low_freq_factor']} must be "
+                          f"below high_freq_factor {params['high_freq_factor']}")
 
 
 # -- the Llama-style decoder (Llama, Qwen2, Qwen3, Gemma 3 and families registered like them) ------------------
