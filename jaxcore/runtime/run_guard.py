@@ -127,6 +127,27 @@ def data_fingerprint(task: Any) -> str | None:
     return digest.hexdigest()[:16]
 
 
+# Settings that decide the train state's entries: a change of one is why a checkpoint's state does not fit
+STATE_SHAPING = ("grpo.lora", "optimizer.name")
+
+
+def state_shaping_change(saved: dict[str, Any], current: dict[str, Any]) -> tuple[str, str] | None:
+    """The first `STATE_SHAPING` setting that differs between the checkpoint's config and this run's, and its change
+    described (LoRA on one side only: which side trained an adapter; else the first key that differs), or None.
+    Before, a LoRA run resumed without LoRA was refused naming an optimizer slot of a layer, not grpo.lora."""
+    for name in STATE_SHAPING:
+        section, key = name.split(".")
+        old, new = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
+        if old == new:
+            continue
+        if name == "grpo.lora" and (old is None) != (new is None):
+            trained = ("a LoRA adapter", "every weight") if old else ("every weight", "a LoRA adapter")
+            return name, f"grpo.lora {'set' if old else 'unset'} (its run trained {trained[0]}, this one {trained[1]})"
+        changes = config_changes({section: {key: old}}, {section: {key: new}})[0]
+        return name, f"a different {changes[0] if changes else name}"
+    return None
+
+
 def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algorithm: str,
                             shapes: dict[str, list[int]], allow_changes: bool,
                             base_weights: dict[str, list[float]] | None = None, data: str | None = None) -> None:
@@ -139,9 +160,11 @@ def check_resume_compatible(meta: dict[str, Any], config: dict[str, Any], algori
     """
     structural = structure_changes(meta, algorithm, shapes)
     if structural:
-        raise ResumeError(f"checkpoint was written with a different {structural[0]}; it cannot be restored into "
-                          "this run (even with --resume-allow-changes): use the same model and algorithm, or "
-                          "another train.out_dir")
+        setting, cause = state_shaping_change(meta.get("config", {}), config) or ("model and algorithm", None)
+        what = f"{cause} (so a different {structural[0]})" if cause else f"a different {structural[0]}"
+        same = setting
+        raise ResumeError(f"checkpoint was written with {what}; it cannot be restored into this run (even with "
+                          f"--resume-allow-changes): use the same {same}, or another train.out_dir")
     problems, harmless = config_changes(meta.get("config", {}), config)
     changed = weights_changes(meta.get("base_weights"), base_weights)
     if changed:
