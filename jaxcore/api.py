@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jaxcore.config import schema
-from jaxcore.errors import ConfigValueError
+from jaxcore.errors import ConfigValueError, is_out_of_memory, out_of_memory
 from jaxcore.es.config import ESConfig
 from jaxcore.grpo.async_config import RUNNER_MISSING
 from jaxcore.grpo.config import GRPOConfig
@@ -44,6 +44,7 @@ RewardFuncs = Sequence[str | Callable[..., Any]] | str | Callable[..., Any]
 
 class _Trainer:
     config_type: type = ESConfig
+    memory_settings = "lower the batch or the lengths"      # what an out-of-memory error says to lower
     takes_rollout_func = False
 
     @staticmethod
@@ -132,10 +133,15 @@ class _Trainer:
         if self.model is not None and not (self.tokenizer or self.args.model.path):
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
         self.check_args()                              # the settings may have been edited since __init__
-        return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
-                            model=self.model, tokenizer_dir=self.tokenizer, tools=self.tools,
-                            environment_factory=self.environment_factory, observer=observer,
-                            rollout_func=self.rollout_func, owner=self)
+        try:
+            return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
+                                model=self.model, tokenizer_dir=self.tokenizer, tools=self.tools,
+                                environment_factory=self.environment_factory, observer=observer,
+                                rollout_func=self.rollout_func, owner=self)
+        except Exception as err:          # the lock is released and the checkpoints kept by the time it is here
+            if is_out_of_memory(err):
+                raise out_of_memory(err, self.memory_settings) from err
+            raise
 
 
 def _reward_funcs(reward_funcs: Any) -> list[str | Callable[..., Any]] | None:
@@ -158,6 +164,9 @@ class ESTrainer(_Trainer):
     """EGGROLL evolution strategies (`jaxcore es`)."""
 
     config_type = ESConfig
+    memory_settings = ("lower es.population or rollout.prompts_per_epoch (the rows generated at once), "
+                       "rollout.max_new_tokens, or set es.master_dtype=bfloat16; jaxcore plan shows what a config "
+                       "needs")
 
     @staticmethod
     def algorithm_type() -> type[Algorithm]:
@@ -171,6 +180,9 @@ class GRPOTrainer(_Trainer):
 
     config_type = GRPOConfig
     takes_rollout_func = True
+    memory_settings = ("lower rollout.prompts_per_epoch or rollout.generations_per_prompt (the rows generated at "
+                       "once), rollout.max_new_tokens, raise grpo.gradient_accumulation_steps (smaller "
+                       "micro-batches) or set model.remat=true; jaxcore plan shows what a config needs")
 
     @staticmethod
     def algorithm_type() -> type[Algorithm]:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from jaxcore.errors import Interrupted, UserError  # noqa: F401  (UserError: re-exported)
+from jaxcore.errors import Interrupted, UserError, is_out_of_memory, out_of_memory  # noqa: F401  (UserError: re-exported)
 
 SUBCOMMANDS = {
     "convert": "Convert between HF directories and jaxcore (orbax) checkpoints",
@@ -116,6 +116,10 @@ def _dispatch(build_parser: Callable[[], argparse.ArgumentParser], argv: Sequenc
     except Exception as err:
         if debug:
             raise
+        if is_out_of_memory(err):                   # where no command named its settings (a training run does)
+            print(f"{prog}: error: {out_of_memory(err, 'lower the sizes the command was given (batch, lengths)')}",
+                  file=sys.stderr)
+            return 2
         print(f"{prog}: error: unexpected {type(err).__name__}: {_first_line(err)} (rerun with --debug for the "
               "traceback)", file=sys.stderr)
         return 1

@@ -87,6 +87,28 @@ class TrainingError(RuntimeError):
     """The run cannot continue (e.g. too many consecutive NaN steps)."""
 
 
+class OutOfMemoryError(TrainingError):
+    """The device or host ran out of memory (XLA's RESOURCE_EXHAUSTED, Python's MemoryError): one line naming the
+    settings that size what ran out. The process's own `std::bad_alloc` abort cannot be caught (its lock is then
+    taken over by the next run: a dead pid on the same host is a stale lock)."""
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is an out-of-memory error Python sees: `MemoryError` (numpy's too), or XLA's runtime error
+    with status RESOURCE_EXHAUSTED (device or host allocation failed)."""
+    if isinstance(err, MemoryError):
+        return True
+    return (type(err).__name__ in ("XlaRuntimeError", "JaxRuntimeError")
+            and ("RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower()))
+
+
+def out_of_memory(err: BaseException, lower: str) -> OutOfMemoryError:
+    """The one-line `OutOfMemoryError` for `err` (`is_out_of_memory`), naming what to `lower`."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    what = f"{type(err).__name__}: {lines[0][:160]}" if lines else type(err).__name__
+    return OutOfMemoryError(f"out of memory ({what}): {lower}")
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (
     UserError, ConfigValueError, ConfigError, CheckpointError, CheckpointWriteError, CheckpointReadError,
     NoRestorableCheckpointError,

@@ -113,6 +113,8 @@ class ESTrainer(Trainer):
     `jaxcore.trl.GRPOTrainer`'s arguments where they mean the same thing."""
 
     args_type, job_trainer_type = ESConfig, JobESTrainer
+    memory_settings = ("lower population_size or prompts_per_step (the rows generated at once), "
+                       "max_completion_length, or set master_dtype='bfloat16'")
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: ESConfig | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, callbacks: Sequence[Any] | None = None,

@@ -47,6 +47,7 @@ class Trainer:
 
     args_type: type
     job_trainer_type: type
+    memory_settings: str                     # what an out-of-memory error says to lower, by TRL's names
     lora: LoRAConfig | None = None           # GRPO's peft_config: save_model writes the adapter
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any,
@@ -95,7 +96,9 @@ class Trainer:
         else:
             job.train.eval_prompts = self.eval_rows         # TRL evaluates every row of eval_dataset
         model = self.model_source.model(self.lora, job.model.dtype, job.model.remat)
-        return self.job_trainer_type(args=job, model=model, **self._job_args)
+        trainer = self.job_trainer_type(args=job, model=model, **self._job_args)
+        trainer.memory_settings = self.memory_settings              # out of memory: TRL's names of what to lower
+        return trainer
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Train, or continue the run in `args.output_dir` (`resume_from_checkpoint=True`, or a path inside it: jaxcore
@@ -208,6 +211,9 @@ class GRPOTrainer(Trainer):
     quantization) is a one-line ValueError here, before any work."""
 
     args_type, job_trainer_type = GRPOConfig, JobGRPOTrainer
+    memory_settings = ("lower per_device_train_batch_size or num_generations (the completions generated at once), "
+                       "max_completion_length, raise gradient_accumulation_steps (smaller micro-batches) or set "
+                       "gradient_checkpointing=True")
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: GRPOConfig | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
