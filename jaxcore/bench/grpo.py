@@ -51,9 +51,10 @@ def trl_args(cfg: GRPOConfig) -> SimpleNamespace:
 
 
 def synthetic_batch(vocab_size: int, batch_size: int, prompt_len: int, completion_len: int, *,
-                    group_size: int = 4, seed: int = 0) -> GRPOBatch:
+                    group_size: int = 4, seed: int = 0, shared_prompts: bool = False) -> GRPOBatch:
     """Random rollouts shaped like real ones: left-padded prompts and right-padded completions of
-    unequal lengths (odd rows end in EOS, even rows may run to the limit = truncated), group advantages."""
+    unequal lengths (odd rows end in EOS, even rows may run to the limit = truncated), group advantages;
+    with `shared_prompts` each group's rows share one prompt, as a rollout's do."""
     rng = np.random.default_rng(seed)
     prompt_ids = np.full((batch_size, prompt_len), PAD_ID, np.int32)
     prompt_mask = np.zeros((batch_size, prompt_len), np.int32)
@@ -64,6 +65,8 @@ def synthetic_batch(vocab_size: int, batch_size: int, prompt_len: int, completio
         n_done = int(rng.integers(1, completion_len + 1)) if row % 2 else completion_len
         prompt_ids[row, prompt_len - n_prompt:] = rng.integers(3, vocab_size, n_prompt)
         prompt_mask[row, prompt_len - n_prompt:] = 1
+        if shared_prompts and row % group_size:
+            prompt_ids[row], prompt_mask[row] = prompt_ids[row - 1], prompt_mask[row - 1]
         completion_ids[row, :n_done] = rng.integers(3, vocab_size, n_done)
         if row % 2:
             completion_ids[row, n_done - 1] = EOS_ID

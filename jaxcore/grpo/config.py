@@ -113,6 +113,11 @@ class GRPOOptions(GRPOLossConfig):
     ref_model_sync_steps: Annotated[int, Ge(1)] = 512
     lora: LoRAConfig | None = None          # set to train LoRA adapters only (e.g. grpo.lora={rank: 8})
     fsdp: Annotated[int, Ge(1)] = 1         # size of the "fsdp" mesh axis (parameters sharded); the rest is "data"
+    # unique-token training (`jaxcore.grpo.packing`): a prompt's completions attend to one copy of it
+    share_prompts: bool = True
+    # TRL AsyncGRPO's token_budget: slots per packed row, shared tokens counted once; completions fill rows at their
+    # real lengths (None: a tree of a prompt and its completions per row, at the bucket widths)
+    token_budget: Annotated[int, Ge(1)] | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -128,6 +133,11 @@ class GRPOOptions(GRPOLossConfig):
     def generation_steps(self) -> int:
         """TRL's steps_per_generation: micro-batches one rollout is split into."""
         return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def packs(self) -> bool:
+        """Whether train steps and scoring forwards run packed prefix trees (`jaxcore.grpo.packing`)."""
+        return self.share_prompts or self.token_budget is not None
 
     @property
     def steps_per_rollout(self) -> int:

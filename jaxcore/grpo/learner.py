@@ -31,15 +31,16 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcore.grpo import packing
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.step import (
     GRPOBatch,
     Params,
     TrainState,
     _micro_batches,
+    completion_logps,
     loss_mask,
     make_train_step,
-    policy_logps,
 )
 from jaxcore.hf import peft
 from jaxcore.model import layer_stack, lora
@@ -97,7 +98,7 @@ class GRPOLearner:
             raise ValueError("the model holds LoRA adapters (a peft model): grpo.lora (their config) trains them")
         if g.lora is not None:
             model = lora.frozen_base(model, g.lora)
-        self.num_layers = model.config.num_layers
+        self.num_layers, self.model_config = model.config.num_layers, model.config
         self.layer_scalings = None if g.lora is None else peft.adapter_scalings(model, g.lora)   # per-layer paths
         if g.lora is None:
             adapters = None
@@ -145,7 +146,7 @@ class GRPOLearner:
         self.abstract_state = _abstract(self.state)     # what every step sees (the thread making programs reads it)
         step = make_train_step(self.build, cfg, self.optimizer, self.micro_sharding)
         self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
-        self._score = jax.jit(self._score_fn, static_argnums=(0, 5))       # graphdef, start
+        self._score = jax.jit(self._score_fn, static_argnums=0)       # graphdef
         self._mix = jax.jit(lambda ref, pol, a: jax.tree.map(lambda r, p: (a * p + (1 - a) * r).astype(r.dtype),
                                                              ref, pol))
         self._split = jax.jit(lambda b: _micro_batches(b, g.steps_per_rollout, self.micro_sharding))
@@ -242,13 +243,13 @@ class GRPOLearner:
         """The base the reference's adapters apply to (`ref_is_adapters`), else None (the reference is a model)."""
         return self.frozen if self.ref_is_adapters else None
 
-    def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, input_ids_BT: jax.Array,
-                  attention_mask_BT: jax.Array, start: int = 0, frozen: Any = None) -> jax.Array:
-        """Log-probs [B, T-1] of the policy (graphdef None) or the reference; the LM head runs only from
-        position `start` on, and the positions before it (the prompt's, masked out of the loss) are 0."""
+    def _score_fn(self, graphdef: nnx.GraphDef, params: Params, rest: nnx.State, batch: GRPOBatch,
+                  frozen: Any = None) -> jax.Array:
+        """Log-probs [B, T-1] of the policy (graphdef None) or the reference; the LM head runs only from the
+        batch's `completion_start` on, and the positions before it (the prompt's, masked out of the loss) are 0."""
         model = self.build(params, frozen) if graphdef is None else nnx.merge(graphdef, params, rest)
-        logp_BL = policy_logps(model, input_ids_BT, attention_mask_BT, self.cfg.rollout.temperature, start=start)[0]
-        return jnp.pad(logp_BL, ((0, 0), (start, 0)))
+        logp_BL = completion_logps(model, batch, self.cfg.rollout.temperature)[0]
+        return jnp.pad(logp_BL, ((0, 0), (batch.completion_start, 0)))
 
     @property
     def model(self) -> Transformer:
@@ -277,26 +278,42 @@ class GRPOLearner:
                                  out_dir, base_model_path)
 
     def shard(self, batch: GRPOBatch) -> GRPOBatch:
-        """Place a host batch on the mesh (split over the batch axes), or on the default device."""
+        """Place a host batch on the mesh (split over the batch axes), or on the default device, with its tokens
+        packed as prefix trees where `grpo` asks for it (`packs`)."""
         n, b = self.cfg.grpo.generation_steps, np.shape(batch.advantages_B)[0]
-        shards = 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in self.batch_axes]))
+        shards = self.batch_shards
         if b % (n * shards):
             raise ValueError(f"batch of {b} does not split into {n} micro-batches over {shards} devices")
+        if self.cfg.grpo.packs and batch.trees is None:
+            batch = batch.replace(trees=self.pack(batch))
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, batch)
         return jax.device_put(batch, NamedSharding(self.mesh, P(self.batch_axes)))
+
+    @property
+    def batch_shards(self) -> int:
+        """How many devices the batch is split over."""
+        return 1 if self.mesh is None else int(np.prod([self.mesh.shape[a] for a in self.batch_axes]))
+
+    def pack(self, batch: GRPOBatch) -> packing.PackedTrees:
+        """A host batch's tokens as prefix trees (`jaxcore.grpo.packing`): a tree per prompt and its completions at
+        the bucket widths (as many completions per tree as cost least), or rows of `grpo.token_budget` slots."""
+        g, p = self.cfg.grpo, batch.completion_start + 1
+        ids, mask = np.asarray(batch.input_ids_BT), np.asarray(batch.attention_mask_BT)
+        config, c = self.model_config, ids.shape[1] - p
+        return packing.pack(ids[:, :p], mask[:, :p], ids[:, p:], mask[:, p:], pieces=g.generation_steps,
+                            shards=self.batch_shards, tree=lambda group: packing.tree_size(config, p, c, group),
+                            token_budget=g.token_budget, share_prompts=g.share_prompts)
 
     def prepare(self, batch: GRPOBatch) -> GRPOBatch:
         """Shard the batch and add what the loss needs: old log-probs when `cfg.old_logp_source` is not
         "none" and the batch has none (the learner's forward), reference log-probs (beta)."""
         batch = self.shard(batch)
-        ids, mask = batch.input_ids_BT, batch.attention_mask_BT
-        s = batch.completion_start
         if self.cfg.old_logp_source != "none" and batch.old_logp_BL is None:
-            batch = batch.replace(old_logp_BL=self._score(None, self.state.params, None, ids, mask, s, self.frozen))
+            batch = batch.replace(old_logp_BL=self._score(None, self.state.params, None, batch, self.frozen))
         if self.ref is not None and batch.ref_logp_BL is None:
             graphdef, params, rest = self.ref
-            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, ids, mask, s, self._ref_frozen()))
+            batch = batch.replace(ref_logp_BL=self._score(graphdef, params, rest, batch, self._ref_frozen()))
         return batch
 
     def make_programs(self, rows: int, prompt_width: int, completion_width: int, rollout_logprobs: bool) -> None:
@@ -307,12 +324,12 @@ class GRPOLearner:
         layout is the step's first call's)."""
         p, c = prompt_width, completion_width
         ones = np.ones((rows, p + c), np.int32)
-        batch = GRPOBatch(ones, ones, ones[:, 1:], np.zeros(rows, np.float32), np.zeros(rows, bool),
+        ids = ones * (np.arange(rows) // self.cfg.rollout.generations_per_prompt)[:, None]   # a prompt per group
+        batch = GRPOBatch(ids, ones, ones[:, 1:], np.zeros(rows, np.float32), np.zeros(rows, bool),
                           completion_start=p - 1)
         if rollout_logprobs:
             batch = batch.replace(old_logp_BL=np.zeros((rows, p + c - 1), np.float32))
         batch = self.shard(batch)
-        ids, mask = batch.input_ids_BT, batch.attention_mask_BT
         params, frozen = self.abstract_state.params, _abstract(self.frozen)
 
         def score(*args: Any) -> jax.ShapeDtypeStruct:
@@ -322,10 +339,10 @@ class GRPOLearner:
                                         sharding=compiled.output_shardings if self.mesh is not None else None)
 
         if self.cfg.old_logp_source != "none" and batch.old_logp_BL is None:
-            batch = batch.replace(old_logp_BL=score(None, params, None, ids, mask, p - 1, frozen))
+            batch = batch.replace(old_logp_BL=score(None, params, None, batch, frozen))
         if self.ref is not None:
             graphdef, ref_params, rest = self.ref
-            batch = batch.replace(ref_logp_BL=score(graphdef, _abstract(ref_params), rest, ids, mask, p - 1,
+            batch = batch.replace(ref_logp_BL=score(graphdef, _abstract(ref_params), rest, batch,
                                                     _abstract(self._ref_frozen())))
         if self.cfg.grpo.steps_per_rollout != 1:
             return

@@ -32,6 +32,7 @@ from flax import nnx
 
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.loss import adapted_entropy_coef, entropy_bonus_enabled, grpo_loss, masked_mean
+from jaxcore.grpo.packing import PackedTrees, tree_logps
 from jaxcore.inference.logprobs import token_logprobs_and_entropy
 from jaxcore.model.transformer import Transformer
 from jaxcore.runtime.fused_adam import FusedAdam
@@ -53,6 +54,8 @@ class GRPOBatch:
     truncated_B: Array                      # bool: the completion hit the length limit (no EOS)
     old_logp_BL: Array | None = None        # policy log-probs at rollout time (needed when mu > 1)
     ref_logp_BL: Array | None = None        # reference log-probs (needed when beta != 0)
+    # the same tokens as prefix trees in packed rows (`jaxcore.grpo.packing`): what the forwards run when set
+    trees: PackedTrees | None = None
     # the first position that can score a completion token (prompt width - 1): the LM head, log-softmax and
     # entropy run only from here on, and the per-token arrays are read from here on (static: part of the shape)
     completion_start: int = dataclasses.field(default=0, metadata=dict(static=True))
@@ -134,6 +137,16 @@ def policy_logps(model: Transformer, input_ids_BT: Array, attention_mask_BT: Arr
     return token_logprobs_and_entropy(logits_BLV, input_ids_BT[:, start + 1:], entropy_grad=entropy_grad)
 
 
+def completion_logps(model: Transformer, batch: GRPOBatch, temperature: float = 1.0, entropy_grad: bool = False
+                     ) -> tuple[Array, Array]:
+    """`policy_logps` from the batch's `completion_start` on: over its packed trees where it has them (each prompt
+    once), else over its rows."""
+    s = batch.completion_start
+    if batch.trees is None:
+        return policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, temperature, entropy_grad, start=s)
+    return tree_logps(model, batch.trees, batch.input_ids_BT[:, s + 1:], temperature, entropy_grad)
+
+
 def loss_mask(batch: GRPOBatch, mask_truncated_completions: bool) -> Array:
     """The completion mask, with truncated completions removed when asked (TRL's option)."""
     mask_BL = batch.completion_mask_BL.astype(bool)
@@ -151,8 +164,7 @@ def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
     The prompt positions are masked out of every term, so dropping them (`completion_start`) changes no number."""
     g, s = cfg.grpo, batch.completion_start         # only positions from s on can score completion tokens
     mask_BL = loss_mask(batch, g.mask_truncated_completions)[:, s:]
-    logp_BL, entropy_BL = policy_logps(model, batch.input_ids_BT, batch.attention_mask_BT, cfg.rollout.temperature,
-                                       entropy_grad=entropy_bonus_enabled(g), start=s)
+    logp_BL, entropy_BL = completion_logps(model, batch, cfg.rollout.temperature, entropy_bonus_enabled(g))
     old_logp_BL = None if batch.old_logp_BL is None else batch.old_logp_BL[:, s:]
     ref_logp_BL = batch.ref_logp_BL[:, s:] if g.beta != 0.0 else None
     loss, metrics = grpo_loss(logp_BL, old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,

@@ -301,6 +301,16 @@ class Transformer(nnx.Module):
         hidden_BTD, _ = self._trunk(input_ids_BT, positions_BT, masks, None, None, positions_below, logits_from)
         return self.logits(hidden_BTD)
 
+    def hidden_states(self, input_ids_BT: Array, positions_BT: Array, visible_BTS: Array) -> Array:
+        """The trunk's hidden states [B, T, D] (before the final norm) where slot t attends to the slots s with
+        `visible_BTS[b, t, s]` (within the sliding window, counted in `positions_BT`): packed rows of several
+        sequences or a prefix tree of them (`jaxcore.grpo.packing`), each token seeing exactly what it would on its
+        own row. Positions are below T."""
+        slot_T = jnp.arange(input_ids_BT.shape[1])
+        masks = self._masks(slot_T, slot_T, jnp.ones(input_ids_BT.shape, bool), positions_BT, positions_BT,
+                            visible_BTS)
+        return self._trunk(input_ids_BT, positions_BT, masks, None, None, input_ids_BT.shape[1])[0]
+
     def forward_cached(self, input_ids_BT: Array, positions_BT: Array, valid_BT: Array,
                        cache: KVCache, cache_index: Array, *, last_only: bool = False
                        ) -> tuple[Array, KVCache]:
@@ -335,14 +345,15 @@ class Transformer(nnx.Module):
         return logits_BTV.astype(jnp.float32)
 
     def _masks(self, query_slot_T: Array, key_slot_S: Array, valid_BS: Array, query_position_BT: Array,
-               key_position_BS: Array) -> dict[int | None, Array]:
+               key_position_BS: Array, visible_BTS: Array | None = None) -> dict[int | None, Array]:
         """{window: mask_BTS} for every window the layers use (None: full causal attention).
 
-        Causality is by slot (a cache's slots are in the order the tokens came). A sliding layer's query at
-        position p sees the valid keys at positions (p - window, p]: the `window` tokens before it on its
-        contiguous sequence, as HF's mask gives on one row, even where a multi-turn cache leaves invalid slots
-        inside a row (after an early EOS, the left padding of an appended chunk)."""
-        causal_BTS = (key_slot_S[None, :] <= query_slot_T[:, None])[None] & valid_BS[:, None, :]
+        Causality is by slot (a cache's slots are in the order the tokens came), or `visible_BTS` where given. A
+        sliding layer's query at position p sees the valid keys at positions (p - window, p]: the `window` tokens
+        before it on its contiguous sequence, as HF's mask gives on one row, even where a multi-turn cache leaves
+        invalid slots inside a row (after an early EOS, the left padding of an appended chunk)."""
+        causal_BTS = ((key_slot_S[None, :] <= query_slot_T[:, None])[None] if visible_BTS is None
+                      else visible_BTS) & valid_BS[:, None, :]
         windows = {window for window, _ in layer_kinds(self.config)}
 
         def windowed(w: int) -> Array:
