@@ -5,8 +5,9 @@ The rules (`check_output`), each broken one a one-line `OutputError` before anyt
 - an output never equals, contains or lies inside one of the command's inputs (even with overwrite: an
   input is never deleted or changed);
 - an output that exists and is not empty is replaced only with `overwrite`;
-- an output that is a symbolic link, a file where a directory is expected (or the reverse), or whose
-  parent cannot be written (a read-only mount, a file in the way) is refused.
+- an output that is a symbolic link, a special file (a named pipe, a device, a socket: `refuse_special`), a file
+  where a directory is expected (or the reverse), or whose parent cannot be written (a read-only mount, a file in
+  the way) is refused: an output is written as a regular file, never through a device or pipe nor over one.
 
 Writing (`write_directory`, `open_output`, `write_text`) goes to a temporary sibling that is renamed into
 place only once complete, so a failure half-way (a full disk, an error, Ctrl-C) leaves whatever was there
@@ -22,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -38,6 +40,9 @@ PathLike = str | os.PathLike
 # Where `current_umask` reads the process umask (the "Umask:" line) without changing it.
 PROC_STATUS = Path("/proc/self/status")
 _NAMED_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)    # recognised by their text alone
+# A path that is neither a regular file, a directory nor a link, in words.
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def os_error_line(err: BaseException, path: PathLike, action: str = "writing") -> str:
@@ -89,6 +94,26 @@ def _is_empty(path: Path) -> bool:
     return path.stat().st_size == 0
 
 
+def special_kind(path: PathLike) -> str | None:
+    """What `path` is in words when it is a special file ("a named pipe", "a character device", "a block device",
+    "a socket"; a link is not followed), else None (a regular file, a directory, a link, nothing)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((words for test, words in _SPECIAL_KINDS if test(mode)), None)
+
+
+def refuse_special(path: PathLike, name: str = "output", hint: str = "choose another path") -> None:
+    """A one-line `OutputError` when `path` is a special file: renaming a new file onto it would replace the pipe or
+    the device (as root, /dev/full itself), and writing through it could hang on a pipe or send the output nowhere.
+    `name` names the argument, `hint` what the user can do."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise OutputError(f"{name} {path} is {kind}, not a regular file: outputs are written as files, never "
+                          f"through or over {kind} ({hint})")
+
+
 def check_output(path: PathLike, *, kind: Kind = "dir", inputs: Iterable[PathLike | None] = (),
                  overwrite: bool = False, name: str = "output", overwrite_hint: str = "pass --overwrite") -> Path:
     """Refuse an output that breaks one of the module's rules (one-line `OutputError`); returns the path.
@@ -98,17 +123,8 @@ def check_output(path: PathLike, *, kind: Kind = "dir", inputs: Iterable[PathLik
     out = Path(path)
     if out.is_symlink():
         raise OutputError(f"{name} {out} is a symbolic link; give the path it points to (or another one)")
-    resolved = out.resolve()
-    for source in inputs:
-        if source is None:
-            continue
-        src = Path(source).resolve()
-        if resolved == src:
-            raise OutputError(f"{name} {out} is also an input; write the output somewhere else")
-        if _within(src, resolved):
-            raise OutputError(f"{name} {out} contains the input {source}; write the output somewhere else")
-        if _within(resolved, src):
-            raise OutputError(f"{name} {out} is inside the input {source}; write the output somewhere else")
+    refuse_special(out, name)
+    refuse_overlap(out, inputs, name)
     if out.exists():
         if kind == "dir" and not out.is_dir():
             raise OutputError(f"{name} {out} exists and is not a directory")
@@ -119,6 +135,23 @@ def check_output(path: PathLike, *, kind: Kind = "dir", inputs: Iterable[PathLik
                               "or choose another path)")
     check_parent(out, name)
     return out
+
+
+def refuse_overlap(path: PathLike, inputs: Iterable[PathLike | None], name: str = "output", *,
+                   containing: bool = True) -> None:
+    """A one-line `OutputError` when `path` is one of `inputs` (None entries ignored), lies inside one or (with
+    `containing`) contains one: an input is never written over, even with overwrite."""
+    resolved = Path(path).resolve()
+    for source in inputs:
+        if source is None:
+            continue
+        src = Path(source).resolve()
+        if resolved == src:
+            raise OutputError(f"{name} {path} is also an input; write the output somewhere else")
+        if containing and _within(src, resolved):
+            raise OutputError(f"{name} {path} contains the input {source}; write the output somewhere else")
+        if _within(resolved, src):
+            raise OutputError(f"{name} {path} is inside the input {source}; write the output somewhere else")
 
 
 def check_parent(path: PathLike, name: str = "output", shown: PathLike | None = None) -> None:

@@ -8,15 +8,22 @@ of `{tmp}` as it was (same paths, same bytes: no input deleted, no old output re
 
 A fault simulates the filesystem failing half-way (a full disk, a read-only mount) by patching the lowest writer
 a command goes through to raise the OSError (or the library error carrying it) a real one raises.
+
+SPECIAL_CASES put a named pipe or a character device (made in the scratch folder, never /dev's) where each output
+path of each command goes, every entry of train.out_dir a run writes included: refused in one line before any
+work, the pipe or device left in place. SPECIAL_WRITERS do the same to the writers a run calls mid-run and the
+Python API's (metrics, the reward plot, the completions logs, the lock, jaxcore.trl's save_model).
 """
 
 import errno
 import os
 import shutil
+import stat
+import types
 from pathlib import Path
 
 import pytest
-from cli_runs import es_args, run_cli
+from cli_runs import es_args, grpo_args, run_cli
 from test_fuzz_cli import assert_one_line, call_cli
 
 FILES = {
@@ -27,6 +34,8 @@ FILES = {
     "data/train.json": '[["Convert 2 km to m.", 2000.0]]\n',
     "run/final_hf/config.json": "{}\n",
     "quits.py": "import sys\nsys.exit(0)\n\n\ndef fn(completions, **kwargs):\n    return [1.0] * len(completions)\n",
+    "logged/completions/completions_00001.parquet": "an earlier run's completions log\n",     # no checkpoint
+    "compfile/completions": "a file where the completions directory goes\n",
 }
 
 
@@ -142,6 +151,15 @@ CASES = [
      "{tmp}/afile is a file, not a directory", None),
     ("es-out-dir-dangling-link", "jaxcore", es("{tmp}/dangling"),
      "train.out_dir {tmp}/dangling is a symbolic link to nothing", None),
+    # completions logs: a fresh run over an earlier run's (before: replaced without a word), a file where their
+    # directory goes (before: "unexpected FileExistsError" at the first logged step)
+    ("es-fresh-run-over-completions", "jaxcore", es("{tmp}/logged", "train.log_completions=true"),
+     "train.out_dir {tmp}/logged already holds completions/completions_00001.parquet, which a fresh run would "
+     "replace: pass --resume", None),
+    ("grpo-completions-is-a-file", "jaxcore", ["grpo", *grpo_args("{tmp}/models/tiny", "{tmp}/compfile",
+                                                                  "train.log_completions=true")],
+     "train.out_dir's completions {tmp}/compfile/completions is not a directory; a run writes its completions logs "
+     "in it", None),
     # settings that would lose work, user code that would end the run
     ("es-infinite-learning-rate", "jaxcore", es("{tmp}/new", "optimizer.learning_rate=inf"),
      "optimizer.learning_rate", None),
@@ -173,13 +191,19 @@ CASES = [
 
 
 def listing(folder: Path) -> dict[str, str]:
-    """Every path under `folder` (links not followed; hidden ones too) with its content hash, "dir" or "link"."""
+    """Every path under `folder` (links not followed; hidden ones too) with its content hash, "dir", "link", or
+    what special file it is (never read: a pipe's read would wait for a writer)."""
     import hashlib
 
     out = {}
     for path in sorted(folder.rglob("*")):
         key = str(path.relative_to(folder))
-        if path.is_symlink():
+        mode = path.lstat().st_mode
+        if stat.S_ISFIFO(mode):
+            out[key] = "named pipe"
+        elif stat.S_ISCHR(mode):
+            out[key] = f"character device {os.major(path.lstat().st_rdev)},{os.minor(path.lstat().st_rdev)}"
+        elif path.is_symlink():
             out[key] = f"link -> {os.readlink(path)}"
         elif path.is_dir():
             out[key] = "dir"
@@ -211,17 +235,23 @@ def fill(arg: str, tmp: Path) -> str:
     return arg.replace("{tmp}", str(tmp))
 
 
+def scratch(template: Path, tmp_path: Path) -> Path:
+    """A copy of the scratch template for one case."""
+    tmp = tmp_path / "scratch"
+    shutil.copytree(template, tmp, symlinks=True)
+    for link in ("link", "dangling"):           # the copied links still point into the template: re-point them
+        target = os.readlink(tmp / link).replace(str(template), str(tmp))
+        (tmp / link).unlink()
+        (tmp / link).symlink_to(target)
+    return tmp
+
+
 @pytest.mark.parametrize("cli,argv,expected,fault", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_failed_command_changes_nothing(scratch_template, tmp_path, capsys, monkeypatch, cli, argv, expected,
                                           fault):
     import importlib
 
-    tmp = tmp_path / "scratch"
-    shutil.copytree(scratch_template, tmp, symlinks=True)
-    for link in ("link", "dangling"):           # the copied links still point into the template: re-point them
-        target = os.readlink(tmp / link).replace(str(scratch_template), str(tmp))
-        (tmp / link).unlink()
-        (tmp / link).symlink_to(target)
+    tmp = scratch(scratch_template, tmp_path)
     before = listing(tmp)
     if fault is not None:
         module, attribute, replacement = FAULTS[fault]
@@ -248,3 +278,177 @@ def test_full_disk_at_the_final_export_keeps_the_checkpoints(tiny_dir, tmp_path,
     assert f"{out}/final_hf: writing failed (No space left on device)" in err[0]
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "metrics.jsonl", "reward.png"]
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["0"]
+
+
+# ----------------------------------------------------------------------------- special files where outputs go
+
+KINDS = {"fifo": "a named pipe", "chardev": "a character device"}
+
+
+def make_special(path: Path, kind: str) -> None:
+    """A named pipe, or a character device with the null device's numbers (made here: /dev is never touched)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+        return
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a character device needs root")
+
+
+G = ["generate", "--model", "{tmp}/models/tiny", "--prompt", "hi", *M]
+LOG = "completions/completions_00001.parquet"
+# Every entry of train.out_dir a run writes, with the settings under which it writes it.
+OUT_DIR_ENTRIES = [(".lock", ()), ("metrics.jsonl", ()), ("reward.png", ()), ("checkpoints", ()),
+                   ("tensorboard", ("train.tensorboard=true",)), ("completions", ("train.log_completions=true",)),
+                   (LOG, ("train.log_completions=true",))]
+
+SPECIAL_CASES = [   # (id, cli, argv template, where the special file goes under {tmp}, the name the line gives it)
+    ("generate-output", "jaxcore", [*G, "--output", "{tmp}/special"], "special", "--output"),
+    ("generate-output-overwrite", "jaxcore", [*G, "--output", "{tmp}/special", "--overwrite"], "special",
+     "--output"),
+    ("plan-json", "jaxcore", ["plan", "--json", "{tmp}/special", "model.path={tmp}/models/tiny"], "special", "--json"),
+    ("plan-json-overwrite", "jaxcore", ["plan", "--json", "{tmp}/special", "--overwrite",
+                                        "model.path={tmp}/models/tiny"], "special", "--json"),
+    ("bench-json", "jaxcore", ["bench", "--suite", "rft", "--quick", "--json", "{tmp}/special", "--overwrite",
+                               "--workdir", "{tmp}/benchwork"], "special", "--json"),
+    ("convert-out", "jaxcore", ["convert", "--to-hf", "{tmp}/ckpt", "--out", "{tmp}/special", "--overwrite"],
+     "special", "--out"),
+    ("convert-from-hf-out", "jaxcore", ["convert", "--from-hf", "{tmp}/models/tiny", "--out", "{tmp}/special"],
+     "special", "--out"),
+    ("rft-datagen-out", "torchref", ["rft-datagen", "--model", "{tmp}/models/tiny", "--questions",
+                                     "{tmp}/questions.json", "--out", "{tmp}/special", "--overwrite"],
+     "special", "--out"),
+    ("rft-eval-json", "torchref", ["rft-eval", "--model", "{tmp}/models/tiny", "--questions", "{tmp}/questions.json",
+                                   "--json", "{tmp}/special", "--overwrite"], "special", "--json"),
+    ("rft-data-out-file", "torchref", ["rft-data", "--out", "{tmp}/split", "--train", "2", "--valid", "1",
+                                       "--overwrite"], "split/train.json", "--out file"),
+    ("rft-train-out", "torchref", ["rft-train", "--model", "{tmp}/models/tiny", "--data", "{tmp}/questions.json",
+                                   "--out", "{tmp}/special", "--overwrite"], "special", "--out"),
+    # every entry of train.out_dir a run writes: refused before training (before: metrics.jsonl a pipe hung the run,
+    # reward.png a pipe failed after training on every resume, so final_hf was never written)
+    *[(f"es-{entry}", "jaxcore", es("{tmp}/out", *extra), f"out/{entry}", f"train.out_dir's {entry}")
+      for entry, extra in OUT_DIR_ENTRIES],
+    ("es-resume-reward-png", "jaxcore", ["es", "--resume", *es_args("{tmp}/models/tiny", "{tmp}/out")],
+     "out/reward.png", "train.out_dir's reward.png"),
+    ("grpo-metrics", "jaxcore", ["grpo", *grpo_args("{tmp}/models/tiny", "{tmp}/out")], "out/metrics.jsonl",
+     "train.out_dir's metrics.jsonl"),
+    ("es-final-hf", "jaxcore", es("{tmp}/out"), "out/final_hf", "final_hf"),
+    ("grpo-final-adapter", "jaxcore", ["grpo", *grpo_args("{tmp}/models/tiny", "{tmp}/out", "grpo.lora.rank=2")],
+     "out/final_adapter", "final_adapter"),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cli,argv,where,name", [c[1:] for c in SPECIAL_CASES], ids=[c[0] for c in SPECIAL_CASES])
+def test_a_special_file_where_an_output_goes_is_refused_and_left_alone(scratch_template, tmp_path, capsys, cli,
+                                                                       argv, where, name, kind):
+    """One line naming the path and what it is, exit 2, the pipe or device still there and nothing else changed.
+    (Before: generate --output and plan --json replaced it with a regular file and exited 0.)"""
+    tmp = scratch(scratch_template, tmp_path)
+    make_special(tmp / where, kind)
+    before = listing(tmp)
+    code, out = call_cli(capsys, cli, [fill(a, tmp) for a in argv])
+    assert_one_line(code, out.out, out.err, f"{name} {tmp / where} is {KINDS[kind]}, not a regular file")
+    assert listing(tmp) == before
+
+
+def write_log(out: Path) -> None:
+    from jaxcore.runtime.completions import CompletionLog, write_completions
+
+    write_completions(out, 1, CompletionLog(["p"], ["c"], {"r": [1.0]}, [0.0]))
+
+
+def write_metrics(out: Path) -> None:
+    from jaxcore.runtime.metrics import MetricsLogger
+
+    MetricsLogger(out, tensorboard=False).close()
+
+
+def plot(out: Path) -> None:
+    from jaxcore.runtime.metrics import plot_rewards
+
+    log = out.parent / "log.jsonl"                  # beside out: the listing compared is out's
+    log.write_text('{"step": 1, "reward": 0.5}\n')
+    plot_rewards(log, out / "reward.png")
+
+
+def take_lock(out: Path) -> None:
+    from jaxcore.runtime.run_guard import OutDirLock
+
+    with OutDirLock(out):
+        pass
+
+
+def trl_save_model(output_dir: Path):
+    """jaxcore.trl's save_model of a finished run (its final_hf: the scratch's copy of the tiny model) to `output_dir`,
+    on a trainer whose model and tokenizer came from {out}/base."""
+    from jaxcore.trl.trainer import Trainer
+
+    def save(out: Path) -> None:
+        trainer = types.SimpleNamespace(args=types.SimpleNamespace(output_dir=str(out / "run")), lora=None,
+                                        model_path=str(out / "base"), tokenizer_dir=str(out / "base"))
+        Trainer.save_model(trainer, fill(str(output_dir), out))
+    return save
+
+
+SPECIAL_WRITERS = [  # (id, what a run or the API writes into {out}, where the special file goes, the line's name)
+    ("metrics", write_metrics, "metrics.jsonl", "train.out_dir's metrics.jsonl"),
+    ("reward-plot", plot, "reward.png", "train.out_dir's reward.png"),
+    ("completions-log", write_log, LOG, "train.out_dir's completions log"),
+    ("trl-save-model-file", trl_save_model(Path("{tmp}/saved")), "saved/config.json", "save_model's config.json"),
+    ("trl-save-model-dir", trl_save_model(Path("{tmp}/saved")), "saved", "save_model's output_dir"),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("write,where,name", [c[1:] for c in SPECIAL_WRITERS], ids=[c[0] for c in SPECIAL_WRITERS])
+def test_a_writer_refuses_a_special_file_made_after_the_checks(tiny_dir, tmp_path, write, where, name, kind):
+    """The writers a run calls mid-run (and the API's) refuse a pipe or device that appeared after the start's
+    checks, in one line, and leave it there. (Before: metrics.jsonl a pipe hung, reward.png a pipe was
+    "UnsupportedOperation", a completions log replaced it, save_model wrote through a device.)"""
+    from jaxcore.errors import OutputError
+
+    out = tmp_path / "out"
+    shutil.copytree(tiny_dir("llama"), out / "run" / "final_hf")
+    shutil.copytree(tiny_dir("llama"), out / "base")
+    make_special(out / where, kind)
+    before = listing(out)
+    with pytest.raises(OutputError) as err:
+        write(out)
+    assert str(err.value).startswith(f"{name} {out / where} is {KINDS[kind]}, not a regular file"), str(err.value)
+    assert "\n" not in str(err.value) and listing(out) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lock_that_is_a_special_file_is_one_line_not_a_hang(tmp_path, kind):
+    """(Before: a named pipe at out_dir/.lock hung the run, reading the lock's owner from it.)"""
+    from jaxcore.runtime.run_guard import OutDirLockedError
+
+    make_special(tmp_path / ".lock", kind)
+    with pytest.raises(OutDirLockedError, match=f"locked by {tmp_path / '.lock'}, which is {KINDS[kind]}, not a "
+                                                "lock file; remove it if no run is using this out_dir"):
+        take_lock(tmp_path)
+    assert listing(tmp_path) == {".lock": "named pipe" if kind == "fifo" else "character device 1,3"}
+
+
+@pytest.mark.parametrize("where", ["base", "base/sub"])
+def test_trl_save_model_never_writes_into_the_model_it_started_from(tiny_dir, tmp_path, where):
+    """save_model(<the directory the model was loaded from>) wrote the trained weights over the base model's; the
+    output inside an input is refused as everywhere else, before anything is written."""
+    from jaxcore.errors import OutputError
+
+    out = tmp_path / "out"
+    shutil.copytree(tiny_dir("llama"), out / "run" / "final_hf")
+    shutil.copytree(tiny_dir("llama"), out / "base")
+    (out / "run" / "final_hf" / "model.safetensors").write_bytes(b"trained weights")
+    before = listing(out)
+    with pytest.raises(OutputError) as err:
+        trl_save_model(Path("{tmp}") / where)(out)
+    relation = "is also an input" if where == "base" else f"is inside the input {out / 'base'}"
+    assert str(err.value) == f"save_model's output_dir {out / where} {relation}; write the output somewhere else"
+    assert listing(out) == before
+    trl_save_model(Path("{tmp}/saved"))(out)                                   # elsewhere: the run's files
+    assert (out / "saved" / "model.safetensors").read_bytes() == b"trained weights"
+    assert sorted(p.name for p in (out / "saved").iterdir()) == sorted(p.name for p in (out / "base").iterdir())

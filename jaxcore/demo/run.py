@@ -57,6 +57,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from jaxcore.hf.model_checkpoint import save_model
     from jaxcore.hf.tiny import write_tiny_checkpoint
     from jaxcore.hf.tokenization import load_tokenizer
+    from jaxcore.outputs import write_text
     from jaxcore.rewards import get_task
     from jaxcore.runtime.evaluation import EVAL_SEED
     from torchref.evaluate import evaluate_with_transformers
@@ -100,7 +101,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
               "population": cfg.population, "held_out_prompts": len(held_out), "warm_start_steps": cfg.warm_steps,
               "jax_eval_reward_after": summary.get("eval_reward_after"), "final_hf": summary["final_hf"],
               "samples_after": after["samples"]}
-    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_text(out / "summary.json", json.dumps(result, indent=2) + "\n", overwrite=True, name="--out's summary.json")
     print_table(result)
     return result
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxcore.hf.tokenization import decode_completions
 from jaxcore.inference.generate import GenerationResult
+from jaxcore.outputs import open_output
 from jaxcore.parallel.rows import gather_rows
 from jaxcore.rewards import Example
 from jaxcore.rewards.user_functions import as_trl_completion
@@ -55,15 +56,14 @@ class CompletionLog:
 
 
 def write_completions(out_dir: str | os.PathLike[str], step: int, log: CompletionLog) -> Path:
-    """`out_dir/completions/completions_<step:05d>.parquet` (TRL's name), written whole or not at all."""
+    """`out_dir/completions/completions_<step:05d>.parquet` (TRL's name), written whole or not at all (`open_output`:
+    never through or over a named pipe or a device, one line for a full disk). A fresh run finds none there
+    (`jaxcore.runtime.training.check_out_dir_entries`); a resumed one replaces the logs of the steps it runs again."""
     import pandas as pd  # lazy: only a run that logs completions needs pandas (a dependency of datasets)
 
-    directory = Path(out_dir) / "completions"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"completions_{step:05d}.parquet"
-    partial = path.with_name(f".{path.name}.partial")
-    pd.DataFrame(log.rows(step)).to_parquet(partial)
-    os.replace(partial, path)
+    path = Path(out_dir) / "completions" / f"completions_{step:05d}.parquet"
+    with open_output(path, "wb", overwrite=True, name="train.out_dir's completions log") as handle:
+        pd.DataFrame(log.rows(step)).to_parquet(handle)
     return path
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxcore.errors import TrainingError
-from jaxcore.outputs import open_output, translated_os_errors
+from jaxcore.outputs import open_output, refuse_special, translated_os_errors
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class MetricsLogger:
     def _open(self, resume_after: int | None, tensorboard: bool) -> None:
         """Keep the records up to `resume_after` (none: start afresh), open the log and the TensorBoard writer."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        refuse_special(self.path, "train.out_dir's metrics.jsonl", "move it away, or choose another train.out_dir")
         if resume_after is not None and self.path.is_file():
             kept = [line for line, record in _records(self.path) if record.get("step", -1) <= resume_after]
             with open_output(self.path, overwrite=True, name="metrics") as handle:    # all or nothing
@@ -116,7 +117,8 @@ def import_plotting_beside() -> threading.Thread:
 
 
 def plot_rewards(metrics_path: str | Path, png_path: str | Path, title: str = "reward") -> Path:
-    """Train and held-out reward against the step, as a PNG."""
+    """Train and held-out reward against the step, as a PNG written whole or not at all (`open_output`: never
+    through or over a named pipe or a device, one line for a full disk)."""
     plt = _pyplot()
 
     records = read_metrics(metrics_path)
@@ -132,8 +134,8 @@ def plot_rewards(metrics_path: str | Path, png_path: str | Path, title: str = "r
     ax.legend()
     fig.tight_layout()
     try:
-        with translated_os_errors(png_path):
-            fig.savefig(png_path, dpi=120)
+        with open_output(png_path, "wb", overwrite=True, name="train.out_dir's reward.png") as handle:
+            fig.savefig(handle, format="png", dpi=120)
     finally:
         plt.close(fig)
     return Path(png_path)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxcore.errors import OutDirLockedError, ResumeError  # noqa: F401  (re-exported)
-from jaxcore.outputs import translated_os_errors
+from jaxcore.outputs import special_kind, translated_os_errors
 
 log = logging.getLogger(__name__)
 
@@ -248,9 +248,14 @@ class OutDirLock:
         return True
 
     def _read_owner(self) -> tuple[str, int, str] | None:
-        """(raw text, pid, host) of the current lock; None when there is none. Refuses a lock that does not name its
-        owner: a pid that is not a whole number a process can have (a string, Infinity, 1e30, 0 or below: os.kill
-        would overflow, or signal a whole process group) or no host."""
+        """(raw text, pid, host) of the current lock; None when there is none. Refuses a lock that is not a regular
+        file (a named pipe would hang the read) and one that does not name its owner: a pid that is not a whole
+        number a process can have (a string, Infinity, 1e30, 0 or below: os.kill would overflow, or signal a
+        whole process group) or no host."""
+        kind = special_kind(self.path)
+        if kind is not None:
+            raise OutDirLockedError(f"{self.path.parent} is locked by {self.path}, which is {kind}, not a lock file; "
+                                    "remove it if no run is using this out_dir")
         try:
             text = self.path.read_text()
         except FileNotFoundError:

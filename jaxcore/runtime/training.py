@@ -18,7 +18,7 @@ from jaxcore.errors import OutputError, TaskConfigError, UserError
 from jaxcore.hf import model_checkpoint, tokenization  # modules: `load_any` is looked up at call time
 from jaxcore.hf.convert import save_hf
 from jaxcore.model.state import weight_moments
-from jaxcore.outputs import check_output, check_parent, remove_tree
+from jaxcore.outputs import check_output, check_parent, refuse_special, remove_tree
 from jaxcore.parallel import sharding
 from jaxcore.parallel.meshes import maybe_initialize_distributed
 from jaxcore.rewards import TaskError, get_task
@@ -116,38 +116,77 @@ def run_training(cfg: Any, algorithm: type[Algorithm],
 
 def check_run_outputs(cfg: Any, resume: bool) -> None:
     """What a run will write, checked before it starts (each a one-line error): train.out_dir is a directory
-    (or can be made one) that can be written; out_dir/metrics.jsonl and reward.png are not directories, and
-    out_dir/checkpoints is not a file (found before training, not after it); a fresh run finds no earlier run's
-    checkpoints, metrics.jsonl or reward.png there (it would replace them: they are continued with --resume);
-    out_dir/final_hf (with `train.export_hf`) is not a link or a file,
-    is not model.path (or inside it, or around it), and holds nothing from an earlier run unless resuming; the
-    optimiser's learning rate is finite at every step (`check_learning_rate`)."""
+    (or can be made one) that can be written, every entry the run writes in it is of the kind it writes
+    (`check_out_dir_entries`), and the optimiser's learning rate is finite at every step (`check_learning_rate`)."""
     out = Path(cfg.train.out_dir)
     if out.is_symlink() and not out.is_dir():
         raise OutputError(f"train.out_dir {out} is a symbolic link to nothing (or to a file)")
     if out.exists() and not out.is_dir():
         raise OutputError(f"train.out_dir {out} exists and is not a directory")
     check_parent(out / "checkpoints", "train.out_dir", shown=out)       # out_dir itself, or the folder it goes in
-    for written, is_dir in (("metrics.jsonl", False), ("reward.png", False), ("checkpoints", True)):
-        path = out / written
-        if not is_dir and path.is_symlink():          # the log is appended through it: it would write elsewhere
+    check_out_dir_entries(cfg, resume)
+    check_learning_rate(cfg.optimizer, cfg.train.epochs)
+
+
+# A completions log the run writes in out_dir/completions (`jaxcore.runtime.completions.write_completions`).
+COMPLETIONS_LOG = "completions_*.parquet"
+
+
+def out_dir_entries(cfg: Any) -> list[tuple[str, str | None]]:
+    """The entries of train.out_dir a run of `cfg` writes: (name, None for a file, else what it writes in that
+    directory). The exports (final_hf, final_adapter) are checked as outputs of their own (`check_out_dir_entries`)."""
+    t = cfg.train
+    entries: list[tuple[str, str | None]] = [(".lock", None), ("metrics.jsonl", None), ("reward.png", None),
+                                             ("checkpoints", "checkpoints")]
+    if t.tensorboard:
+        entries.append(("tensorboard", "TensorBoard's event files"))
+    if t.log_completions:
+        entries.append(("completions", "its completions logs"))
+    return entries
+
+
+def check_out_dir_entries(cfg: Any, resume: bool) -> None:
+    """Every entry of train.out_dir the run will write, checked for its kind before training, in one place (each a
+    one-line `OutputError` naming the path; before, a named pipe at metrics.jsonl hung the run, one at reward.png
+    failed every resume after training, a file at completions failed after the first logged step):
+
+    - a file the run writes (the lock, metrics.jsonl, reward.png, each completions log) is not a symbolic link, a
+      special file (a named pipe, a device: `refuse_special`) or a directory; a directory it writes in
+      (checkpoints, tensorboard, completions) is not a file or a special file;
+    - a fresh run finds no earlier run's checkpoints, metrics.jsonl, reward.png or completions logs there (it would
+      replace them: they are continued with --resume);
+    - out_dir/final_hf (with `train.export_hf`) and out_dir/final_adapter (a LoRA run exporting its adapter) are
+      outputs (`check_output`): not a link or a file, not model.path (or inside it, or around it), and holding
+      nothing from an earlier run unless resuming.
+    """
+    out = Path(cfg.train.out_dir)
+    hint = "move it away, or choose another train.out_dir"
+    entries = out_dir_entries(cfg)
+    completions = out / "completions"
+    logs = sorted(completions.glob(COMPLETIONS_LOG)) if completions.is_dir() and any(
+        name == "completions" for name, _ in entries) else []
+    for path, in_it in [(out / name, in_it) for name, in_it in entries] + [(log, None) for log in logs]:
+        written = path.relative_to(out)
+        refuse_special(path, f"train.out_dir's {written}", hint)
+        if in_it is None and path.is_symlink():          # the log is appended through it: it would write elsewhere
             raise OutputError(f"train.out_dir's {written} {path} is a symbolic link; a run writes a file at it "
-                              "(move it away, or choose another train.out_dir)")
-        if path.exists() and path.is_dir() != is_dir:
-            raise OutputError(f"train.out_dir's {written} {path} is {'not ' if is_dir else ''}a directory; a run "
-                              f"writes {'checkpoints in' if is_dir else 'a file at'} it (move it away, or choose "
-                              "another train.out_dir)")
+                              f"({hint})")
+        if path.exists() and path.is_dir() != (in_it is not None):
+            raise OutputError(f"train.out_dir's {written} {path} is {'not ' if in_it else ''}a directory; a run "
+                              f"writes {in_it + ' in' if in_it else 'a file at'} it ({hint})")
     if not resume:
         refuse_fresh_run_over_checkpoints(out)            # the earlier run's checkpoints: the clearer refusal
-        for written in ("metrics.jsonl", "reward.png"):
-            path = out / written
-            if path.is_file() and path.stat().st_size > 0:
-                raise OutputError(f"train.out_dir {out} already holds {written}, which a fresh run would replace: "
-                                  "pass --resume to continue that run, or choose another train.out_dir")
-    if cfg.train.export_hf:
-        check_output(out / "final_hf", inputs=(cfg.model.path or None,), overwrite=resume, name="final_hf",
+        for path in [out / "metrics.jsonl", out / "reward.png", *logs]:
+            if path.is_file() and (path.stat().st_size > 0 or path in logs):
+                raise OutputError(f"train.out_dir {out} already holds {path.relative_to(out)}, which a fresh run "
+                                  "would replace: pass --resume to continue that run, or choose another "
+                                  "train.out_dir")
+    lora = getattr(getattr(cfg, "grpo", None), "lora", None)
+    exports = [name for name, wanted in (("final_hf", cfg.train.export_hf),
+                                         ("final_adapter", lora is not None and lora.export != "merged")) if wanted]
+    for name in exports:
+        check_output(out / name, inputs=(cfg.model.path or None,), overwrite=resume, name=name,
                      overwrite_hint="continue that run with --resume")
-    check_learning_rate(cfg.optimizer, cfg.train.epochs)
 
 
 def _load_train_export(cfg: Any, algorithm_type: type[Algorithm], resume: bool,

@@ -193,16 +193,31 @@ class Trainer:
 
     def save_model(self, output_dir: str | None = None) -> None:
         """The trained model as an HF directory in `output_dir` (default `args.output_dir`): the files of the run's
-        final_hf export (final_adapter, a peft adapter, when training LoRA)."""
+        final_hf export (final_adapter, a peft adapter, when training LoRA). Refused in one line (`OutputError`),
+        before anything is written: `output_dir` the directory the model or the tokenizer was loaded from, or inside
+        it (its files would be written over), or not a directory; a file to write that is a link, a directory or a
+        special file (a named pipe, a device). Each file is written whole or not at all (`jaxcore.outputs`)."""
+        from jaxcore.errors import OutputError
+        from jaxcore.outputs import check_output, check_parent, open_output, refuse_overlap, refuse_special
+
         out = Path(self.args.output_dir)
         source = out / ("final_adapter" if self.lora is not None and (out / "final_adapter").is_dir() else "final_hf")
         if not source.is_dir():
             raise ValueError(f"save_model: {source} does not exist (train first)")
         target = Path(output_dir or out)
-        target.mkdir(parents=True, exist_ok=True)
-        for file in source.iterdir():
-            if file.is_file():
-                shutil.copy2(file, target / file.name)
+        name = "save_model's output_dir"
+        refuse_overlap(target, (self.model_path, self.tokenizer_dir), name, containing=False)
+        refuse_special(target, name)
+        if target.exists() and not target.is_dir():
+            raise OutputError(f"{name} {target} exists and is not a directory")
+        check_parent(target / "config.json", name, shown=target)          # target itself, or the folder it goes in
+        files = sorted(file for file in source.iterdir() if file.is_file())
+        for file in files:                                                 # all checked before the first is written
+            check_output(target / file.name, kind="file", overwrite=True, name=f"save_model's {file.name}")
+        for file in files:
+            with open_output(target / file.name, "wb", overwrite=True, name=f"save_model's {file.name}") as handle:
+                with file.open("rb") as read:
+                    shutil.copyfileobj(read, handle)
 
 
 class GRPOTrainer(Trainer):

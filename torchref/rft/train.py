@@ -19,6 +19,7 @@ from typing import Any
 
 from jaxcore.hf.convert import CheckpointError, read_hf_config
 from jaxcore.hf.tokenization import load_tokenizer
+from jaxcore.outputs import write_text
 from torchref.rft.data import load_sft
 from torchref.rft.engines import existing_dir
 from torchref.rft.lora import lora_targets, merge_to_hf, wrap_lora
@@ -106,5 +107,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if cfg.merge:
             summary["merged_dir"] = str(merge_to_hf(trainer.model, cfg.model, out / "merged", cfg.merge_dtype))
         record = {"config": dataclasses.asdict(cfg), "summary": summary, "log_history": trainer.state.log_history}
-        (out / "train_log.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        write_text(out / "train_log.json", json.dumps(record, indent=2, default=str) + "\n", overwrite=True,
+                   name="--out's train_log.json")            # whole or not at all, never through a pipe or device
     return summary
