@@ -49,6 +49,7 @@ class Trainer:
     job_trainer_type: type
     memory_settings: str                     # what an out-of-memory error says to lower, by TRL's names
     lora: LoRAConfig | None = None           # GRPO's peft_config: save_model writes the adapter
+    _trained = False                         # a train() of this trainer finished (its final_hf is in output_dir)
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, train_dataset: Any, eval_dataset: Any,
                  processing_class: Any, callbacks: Sequence[Any] | None, **job_args: Any) -> None:
@@ -107,6 +108,8 @@ class Trainer:
         import jax
 
         resume = self._resume(resume_from_checkpoint)
+        if not resume and self._trained:
+            self._train_on()
         devices = data_parallel_devices()
         self.job_trainer = self._job_trainer(devices)
         job = self.job_trainer.args
@@ -123,8 +126,35 @@ class Trainer:
         self.state.log_history = log_history(Path(job.train.out_dir) / "metrics.jsonl", per_rollout, per_epoch)
         if summary.get("stopped_by"):
             raise_stop(summary, self.state.global_step, self.state.max_steps)
+        self._trained = (Path(job.train.out_dir) / "final_hf").is_dir()
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, sum(losses) / len(losses) if losses else 0.0, summary)
+
+    def _train_on(self) -> None:
+        """A second `train()` trains on from the weights the first ended with, as transformers' does (a new
+        schedule, steps counted from 0): the finished run's files in output_dir (its logs, checkpoints and exports,
+        and what save_model copied there) are moved into output_dir/train-<n>, nothing replaced, and the new run
+        starts from train-<n>/final_hf. transformers also keeps its optimizer's moments; jaxcore starts them anew.
+        Before, a second train() was refused with the CLI's "pass --resume"."""
+        out = Path(self.args.output_dir)
+        final = out / "final_hf"
+        if self.lora is not None:
+            raise ValueError("train() again on a LoRA run: jaxcore does not train on from a finished adapter yet; "
+                             "continue this run with train(resume_from_checkpoint=True) and a larger max_steps, or "
+                             "make a new trainer with another output_dir")
+        saved = {file.name for file in final.iterdir() if file.is_file()}
+        written = {"metrics.jsonl", "reward.png", "checkpoints", "tensorboard", "completions", "final_hf",
+                   "final_adapter"}
+        n = 1
+        while (out / f"train-{n}").exists():
+            n += 1
+        kept = out / f"train-{n}"
+        kept.mkdir()
+        for entry in sorted(out.iterdir()):
+            if entry.name in written or (entry.name in saved and entry.is_file()):
+                entry.rename(kept / entry.name)
+        self.model_source = ModelSource(str(kept / "final_hf"))
+        self._trained = False
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Sequence[str] | None = None,
                  metric_key_prefix: str = "eval") -> dict[str, float]:

@@ -57,3 +57,27 @@ def test_a_dict_as_peft_config_is_trls_type_error(tiny_dir, tmp_path):
                     train_dataset=ROWS, peft_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
     assert str(err.value) == ("`peft_config` must be a `peft.PeftConfig` instance (e.g. `peft.LoraConfig`), got dict. "
                               "(peft.LoraConfig(**it) makes one of a dict)")
+
+
+def test_a_second_train_trains_on_from_the_weights_the_first_ended_with(tiny_dir, tmp_path):
+    """transformers' second train() trains on (issue 51; before: refused with the CLI's "pass --resume"): a new
+    run from the first one's final weights, its files moved into output_dir/train-1, nothing replaced."""
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "out"
+    trainer = GRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward_len,
+                          args=grpo_args(tmp_path, learning_rate=1e-2), train_dataset=ROWS)
+    first = trainer.train()
+    trainer.save_model()                                     # the first run's model, copied into output_dir
+    before = {p.name for p in out.iterdir()}
+    second = trainer.train()
+    assert first.global_step == second.global_step == 1 and trainer.state.global_step == 1
+    kept = out / "train-1"
+    assert {p.name for p in kept.iterdir()} == before - {"train-1"}      # every entry of the first run, moved
+    assert (out / "metrics.jsonl").is_file() and (out / "final_hf" / "config.json").is_file()
+    start, end = load_file(str(kept / "final_hf" / "model.safetensors")), load_file(
+        str(out / "final_hf" / "model.safetensors"))
+    assert any((start[k] != end[k]).any() for k in start)            # trained on from there
+    assert trainer.job_trainer.args.model.path == str(kept / "final_hf")
+    trainer.train()
+    assert (out / "train-2" / "final_hf").is_dir() and (out / "train-1" / "final_hf").is_dir()
