@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 from jaxcore.errors import UserError
+from jaxcore.grpo import packing
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.hf.peft import target_paths
 from jaxcore.inference.generate import bucket_length
@@ -72,9 +73,10 @@ def saved_per_token(cfg: ModelConfig, seq: int, c: int) -> float:
 
 
 def cpu_activations(cfg: ModelConfig, rows: int, seq: int, new_tokens: int, c: int, remat: bool, scan: bool,
-                    adapters: float | None) -> float:
+                    adapters: float | None, head_positions: int | None = None) -> float:
     """Bytes XLA:CPU's train step holds beyond the parameters, moments and gradients, for `rows` rows of `seq`
-    tokens (`new_tokens` of them completions) in a compute dtype of `c` bytes; `adapters`: LoRA's, else None."""
+    tokens (`new_tokens` of them completions, or, packed, every slot) in a compute dtype of `c` bytes; `adapters`:
+    LoRA's, else None; `head_positions`: where the LM head runs (default rows * new_tokens)."""
     per_token = saved_per_token(cfg, seq, c)
     if remat and scan:      # each layer's input is kept; the layer recomputed in the backward holds its GEMMs'
         # outputs and, as measured on XLA:CPU, about half of its elementwise intermediates
@@ -91,11 +93,11 @@ def cpu_activations(cfg: ModelConfig, rows: int, seq: int, new_tokens: int, c: i
                                             if p.startswith("blocks.0."))
         saved += 2 * (adapters if adapters is not None else 4 * block_params)
     # the LM head runs only at the completion positions: fp32 logits, their exponential and their gradient
-    return saved + 3 * rows * new_tokens * cfg.vocab_size * 4
+    return saved + 3 * (rows * new_tokens if head_positions is None else head_positions) * cfg.vocab_size * 4
 
 
 def gpu_activations(cfg: ModelConfig, rows: int, seq: int, new_tokens: int, c: int, remat: bool,
-                    trainable: float) -> float:
+                    trainable: float, head_positions: int | None = None) -> float:
     """`cpu_activations` for XLA:GPU, scanned or not: every layer keeps its GEMMs' outputs (the last layer at the
     completion positions only), or with remat its input, while one layer is recomputed; no layer's weights are
     kept in the compute dtype. The peak is the LM head's backward (two fp32 logit arrays and the head's weight in
@@ -107,7 +109,7 @@ def gpu_activations(cfg: ModelConfig, rows: int, seq: int, new_tokens: int, c: i
         saved = rows * seq * (cfg.num_layers * cfg.hidden_size * c + layer)
     else:
         saved = rows * (seq * (cfg.num_layers - 1) + new_tokens) * layer
-    head_outputs = rows * new_tokens * cfg.vocab_size
+    head_outputs = (rows * new_tokens if head_positions is None else head_positions) * cfg.vocab_size
     return saved + max(2 * head_outputs * 4 + cfg.vocab_size * cfg.hidden_size * c - trainable, head_outputs * c)
 
 
@@ -123,13 +125,15 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
               lora_rank: int | None = None, lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj"),
               lora_base_dtype: str | None = None, remat: bool = False, micro_batches: int = 1,
               accumulation: int = 1, scoring: bool = False, device_memory: float | None = None,
-              cache_tokens: int | None = None, scan: bool = True, platform: str | None = None) -> MemoryPlan:
+              cache_tokens: int | None = None, scan: bool = True, platform: str | None = None,
+              share_prompts: bool = False, token_budget: int | None = None) -> MemoryPlan:
     """The per-device memory of one GRPO epoch (rollout, then the optimiser steps). `max_new_tokens` is the
     completion's length (a multi-turn episode's: `RolloutConfig.completion_tokens`), `cache_tokens` the KV-cache
     slots after the prompt (default: as many); `micro_batches` is TRL's steps_per_generation (each
     forward/backward sees rows / micro_batches); `scoring`: a forward over the whole rollout for old or
     reference log-probs; `scan`: the train step scans the layers (`model.scan_layers`); `platform`: the backend the
-    run compiles for (`planned_platform`), as XLA:CPU and XLA:GPU keep different buffers in the train step."""
+    run compiles for (`planned_platform`), as XLA:CPU and XLA:GPU keep different buffers in the train step;
+    `share_prompts` / `token_budget`: the forwards run packed prefix trees (`jaxcore.grpo.packing.planned_shape`)."""
     platform = planned_platform(platform)
     cpu = platform == "cpu"
     shapes = param_shapes(cfg)
@@ -150,12 +154,21 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
     t_prompt = bucket_length(prompt_tokens)
     seq = t_prompt + max_new_tokens
     rows = math.ceil(prompts * generations / (devices * micro_batches))
-    per_token = saved_per_token(cfg, seq, c)
+    head = rows * max_new_tokens                # the LM head's positions: every completion token
+    step_rows, step_seq, step_tokens = rows, seq, max_new_tokens
+    if share_prompts or token_budget is not None:       # packed rows, every slot through the last layer
+        step_rows, step_seq = packing.planned_shape(cfg, rows * devices * micro_batches, generations, micro_batches,
+                                                    devices, t_prompt, max_new_tokens,
+                                                    token_budget)
+        step_tokens = step_seq
+    per_token = saved_per_token(cfg, step_seq, c)
     if cpu:
-        activations = cpu_activations(cfg, rows, seq, max_new_tokens, c, remat, scan, adapters if lora_rank else None)
+        activations = cpu_activations(cfg, step_rows, step_seq, step_tokens, c, remat, scan,
+                                      adapters if lora_rank else None, head)
     else:
-        activations = gpu_activations(cfg, rows, seq, max_new_tokens, c, remat, trainable)
+        activations = gpu_activations(cfg, step_rows, step_seq, step_tokens, c, remat, trainable, head)
     score_rows = gen_rows if scoring else 0
+    score_packed = step_rows * micro_batches if scoring else 0
     terms = {"master weights": base + adapters, "compute weights": gathered, "optimizer state": moments,
              "reference model": reference,
              "kv cache": kv_cache_bytes(cfg, gen_rows, t_prompt + (cache_tokens or max_new_tokens), c),
@@ -163,7 +176,7 @@ def plan_grpo(cfg: ModelConfig, *, prompts: int, generations: int, prompt_tokens
              "gradients": trainable * (2 if accumulation > 1 else 1),
              "activations": activations,
              "scoring activations": 2 * score_rows * max_new_tokens * cfg.vocab_size * 4
-                                    + score_rows * seq * per_token}
+                                    + score_packed * step_seq * per_token}
     # XLA:GPU casts each weight where the step reads it: the whole compute copy is the rollout's alone
     generation = ("kv cache", "generation activations") if cpu else ("compute weights", "kv cache",
                                                                      "generation activations")
@@ -190,4 +203,5 @@ def plan_job(grpo_cfg: GRPOConfig, model_cfg: ModelConfig, *, devices: int, devi
                      lora_base_dtype=lora.base_dtype if lora else None, remat=grpo_cfg.model.remat,
                      micro_batches=g.generation_steps, accumulation=g.gradient_accumulation_steps,
                      scoring=g.beta != 0.0 or grpo_cfg.old_logp_source == "forward", device_memory=device_memory,
-                     scan=grpo_cfg.model.scan_layers, platform=platform)
+                     scan=grpo_cfg.model.scan_layers, platform=platform, share_prompts=g.share_prompts,
+                     token_budget=g.token_budget)

@@ -241,3 +241,29 @@ def _fill_rows(trees: list[list[int]], token_budget: int | None, prompt_columns:
         rows[fit].append(t)
         free[fit] -= size
     return rows
+
+
+def planned_shape(config: ModelConfig, rows: int, group: int, pieces: int, shards: int, prompt_width: int,
+                  completion_width: int, token_budget: int | None = None) -> tuple[int, int]:
+    """(packed rows per piece and shard, slots per row) that `pack` makes of `rows` full-length completions whose
+    prompts repeat in runs of `group` (a rollout's layout), without the tokens: what the memory plan counts."""
+    per_unit = rows // (pieces * shards)
+    largest_rows, largest_width = 0, 0
+    for shard in range(shards):
+        for piece in range(pieces):
+            members: dict[int, int] = {}
+            for i in range(shard * per_unit, (shard + 1) * per_unit):
+                prompt = (i * pieces + piece) // group
+                members[prompt] = members.get(prompt, 0) + 1
+            if token_budget is None:
+                sizes = [tree_size(config, prompt_width, completion_width, m) for m in members.values()]
+                unit_rows = sum(math.ceil(m / k) for m, k in zip(members.values(), sizes, strict=True))
+                width = prompt_width + max(min(k, m) for m, k in zip(members.values(), sizes, strict=True)) * (
+                    completion_width)
+            else:
+                per_tree = max((token_budget - prompt_width) // completion_width, 1)
+                trees = sum(math.ceil(m / per_tree) for m in members.values())
+                unique = trees * prompt_width + per_unit * completion_width
+                unit_rows, width = 1 << max(math.ceil(unique / token_budget) - 1, 0).bit_length(), token_budget
+            largest_rows, largest_width = max(largest_rows, unit_rows), max(largest_width, width)
+    return largest_rows, largest_width

@@ -259,6 +259,39 @@ def test_grpo_step_memory_bounds_xla(grpo_job, remat, accumulation, scan):
     assert xla <= training <= 1.3 * xla, (training, xla, training / xla)
 
 
+@pytest.mark.parametrize("remat,accumulation,budget", [(False, 1, None), (True, 4, None), (False, 1, 160)])
+def test_packed_grpo_step_memory_bounds_xla(grpo_job, remat, accumulation, budget):
+    """As above for the packed step (`jaxcore.grpo.packing`: each group's prompt once, at the bucket widths or in
+    rows of a token budget): the plan counts the packed rows (`packing.planned_shape`), never below XLA's and at
+    most 1.3x it."""
+    from jaxcore.grpo.learner import GRPOLearner
+    from jaxcore.grpo.step import build_batch, loss_mask
+    from jaxcore.model.transformer import create_model
+
+    cfg = llama8b(num_layers=3, hidden_size=64, intermediate_size=160, num_heads=4, num_kv_heads=2, head_dim=16,
+                  vocab_size=1000)
+    prompts, generations, prompt_tokens, new_tokens = 4, 4, 64, 32
+    job = grpo_job(max_completion_length=new_tokens, generations_per_prompt=generations,
+                   gradient_accumulation_steps=accumulation, token_budget=budget)
+    learner = GRPOLearner(create_model(cfg), job, remat=remat)
+    rows = prompts * generations
+    ids = np.repeat(np.arange(prompts) + 3, generations)[:, None] * np.ones((1, prompt_tokens + new_tokens), np.int32)
+    ones = np.ones_like(ids)
+    host = build_batch(ids[:, :prompt_tokens], ones[:, :prompt_tokens], ids[:, prompt_tokens:],
+                       ones[:, prompt_tokens:], np.zeros(rows), ())
+    batch = learner.shard(host)
+    assert batch.trees is not None
+    num_items = loss_mask(batch, False).sum().astype(jnp.float32)
+    stats = learner._step.lower(learner.state, None, batch, num_items, None).compile().memory_analysis()
+    xla = (stats.argument_size_in_bytes + stats.temp_size_in_bytes
+           + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+    planned = grpo_memory.plan_grpo(cfg, prompts=prompts, generations=generations, prompt_tokens=prompt_tokens,
+                                    max_new_tokens=new_tokens, devices=1, remat=remat, micro_batches=accumulation,
+                                    accumulation=accumulation, share_prompts=True, token_budget=budget)
+    training = planned.persistent + planned.phase_totals()["training"]
+    assert xla <= training <= 1.3 * xla, (training, xla, training / xla)
+
+
 def test_phases_peak_and_refusal_wording():
     planned = es_memory.plan_es(llama8b(), population=256, rank=1, prompts=16, generations=1, prompt_tokens=128,
                                   max_new_tokens=256, devices=8, compute_dtype="bfloat16", device_memory=40e9)
