@@ -25,6 +25,7 @@ class BenchOptions:
     workdir: str = "runs/bench"
     compilation_cache: str | None = None   # the trl suite's jaxcore runs: a directory, "off", None = the default
     steps: int | None = None         # the trl suite: steps per run in every regime (None: its defaults)
+    conversational: bool = False     # the trl suite: prompts as chat messages (the tokenizer's chat template)
     target: str = "h100"             # the gpu-compile suite: the GPU compiled for (`gpu_targets.TARGETS`)
     devices: int = 8                 # the gpu-compile suite: GPUs in its topology
     budget_s: float | None = None    # the learn suite: training seconds per method and seed (None: its default)

@@ -35,9 +35,16 @@ PROMPTS = ["Explain in detail how a bicycle works.", "Describe a busy city stree
 REGIMES = {"fill": 1e-6, "short": 3e-5}
 
 
-def brevity(prompts: list[Any], completions: list[str], **_: Any) -> list[float]:
-    """TRL-style reward: 1 for an empty completion, falling with every word."""
-    return [1.0 / (1.0 + len(completion.split())) for completion in completions]
+def brevity(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+    """TRL-style reward: 1 for an empty completion, falling with every word (a conversational completion's: its
+    message's)."""
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [1.0 / (1.0 + len(text.split())) for text in texts]
+
+
+def prompts_of(conversational: bool) -> list[Any]:
+    """The compared prompts: plain strings, or each as a user message (TRL's conversational format)."""
+    return [[{"role": "user", "content": p}] for p in PROMPTS] if conversational else list(PROMPTS)
 
 
 def settings(options: BenchOptions) -> dict[str, Any]:
@@ -80,8 +87,8 @@ def _step_timer() -> Any:
     return StepTimer()
 
 
-def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path
-            ) -> dict[str, list[float]]:
+def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path,
+            conversational: bool = False) -> dict[str, list[float]]:
     """`steps` steps of TRL's GRPOTrainer: per-step wall times, mean rewards, and when each step ended."""
     import torch
     from datasets import Dataset
@@ -95,14 +102,15 @@ def trl_run(path: Path, lr: float, completion_len: int, steps: int, generations:
                      use_cpu=not torch.cuda.is_available(), disable_tqdm=True, dataloader_num_workers=0)
     timer = _step_timer()
     trainer = TRLTrainer(model=str(path), reward_funcs=[brevity], args=args,
-                         train_dataset=Dataset.from_dict({"prompt": PROMPTS * steps}), callbacks=[timer])
+                         train_dataset=Dataset.from_dict({"prompt": prompts_of(conversational) * steps}),
+                         callbacks=[timer])
     trainer.train()
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     return {"step_s": timer.times, "reward": rewards, "step_ended_s": timer.ended, "compile_s": [0.0] * steps}
 
 
 def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations: int, out: Path,
-            compilation_cache: str | None = None) -> dict[str, Any]:
+            compilation_cache: str | None = None, conversational: bool = False) -> dict[str, Any]:
     """`steps` epochs (one rollout and one optimiser step each) of jaxcore's GRPOTrainer; `compilation_cache`
     (None: the default) is `train.compilation_cache`, and the result's `compilation_cache` says how it served
     the run (`jaxcore.runtime.compile_cache.stats`)."""
@@ -120,7 +128,7 @@ def jax_run(path: Path, lr: float, completion_len: int, steps: int, generations:
     t.progress, t.tensorboard, t.export_hf = False, False, False
     if compilation_cache is not None:
         t.compilation_cache = compilation_cache
-    rows = [{"prompt": p} for p in PROMPTS]             # no held-out evaluation (eval_every=-1), as in TRL's run
+    rows = [{"prompt": p} for p in prompts_of(conversational)]   # no held-out evaluation (eval_every=-1), as TRL
     trainer = jaxcore.GRPOTrainer(model=str(path), reward_funcs=[brevity], train_dataset=rows, eval_dataset=rows,
                                   args=args)
     summary = trainer.train()
@@ -151,20 +159,22 @@ def run(options: BenchOptions) -> dict[str, Any]:
                         "pip install 'jaxcore[trl]'") from err
     path = bench_checkpoint(options)
     s = settings(options)
-    results: dict[str, Any] = {"trl.settings": {**s, "prompts": PROMPTS, "model": str(path)}}
+    chat = options.conversational
+    results: dict[str, Any] = {"trl.settings": {**s, "prompts": prompts_of(chat), "model": str(path)}}
     host_malloc: dict[str, str] = {}
     curves: dict[str, dict[str, list[list[float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for length in s["completion_lengths"]:
             for regime in s["regimes"]:
-                lr, key = REGIMES[regime], f"trl.{regime}_{length}"
+                lr, key = REGIMES[regime], f"trl.{'chat_' if chat else ''}{regime}_{length}"
                 runs: dict[str, list[dict[str, Any]]] = {"trl": [], "jax": []}
                 rounds = rounds_for(s, length)
                 for round_ in range(rounds):
                     for side in ("trl", "jax"):
                         print(f"{key}: {side} round {round_ + 1}/{rounds}", flush=True)
                         spec = {"path": str(path), "lr": lr, "completion_len": length, "steps": s["steps"][regime],
-                                "generations": s["generations"], "out": str(Path(tmp) / f"{key}-{side}-{round_}")}
+                                "generations": s["generations"], "out": str(Path(tmp) / f"{key}-{side}-{round_}"),
+                                "conversational": chat}
                         if side == "jax":
                             spec["compilation_cache"] = options.compilation_cache
                         got = run_side(side, spec)

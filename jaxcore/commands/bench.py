@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, metavar="N",
                         help="the trl suite: N steps per run in every regime (default: 10 filling, 24 short); "
                              "e.g. 12 for whole-run wall times")
+    parser.add_argument("--conversational", action="store_true",
+                        help="the trl suite: prompts as chat messages, through the model's chat template (SmolLM2's "
+                             "makes each prompt about 36 tokens; default: plain strings)")
     parser.add_argument("--target", default="h100", help="the gpu-compile suite: the GPU to compile for, "
                         "h100 (H100 SXM 80GB) or a100-40 (A100 SXM 40GB) (default: h100)")
     parser.add_argument("--devices", type=int, default=8, metavar="N",
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
                            workdir=args.workdir, compilation_cache=args.compilation_cache, steps=args.steps,
-                           target=args.target, devices=args.devices, **learn)
+                           conversational=args.conversational, target=args.target, devices=args.devices, **learn)
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:

@@ -31,3 +31,13 @@ def test_trl_suite_times_both_trainers_on_the_same_job(tmp_path, monkeypatch):
 
 def test_brevity_is_a_trl_style_reward():
     assert trl_bench.brevity(["p", "q"], ["", "two words"]) == [1.0, 1.0 / 3.0]
+    assert trl_bench.brevity(["p"], [[{"role": "assistant", "content": "two words"}]]) == [1.0 / 3.0]
+
+
+def test_trl_suite_runs_conversational_prompts(tmp_path):
+    """`--conversational`: both trainers get each prompt as a user message (through the chat template), under keys
+    of their own."""
+    results = trl_bench.run(BenchOptions(quick=True, workdir=str(tmp_path), conversational=True))
+    assert results["trl.settings"]["prompts"][0] == [{"role": "user", "content": trl_bench.PROMPTS[0]}]
+    for side in ("trl", "jax"):
+        assert len(results[f"trl.chat_short_4.{side}_reward"]) == 2
