@@ -73,8 +73,9 @@ ASYNC_HANDLED: dict[str, str] = {
     "max_staleness": "grpo.asynchronous.max_staleness (weight versions; deterministic: every batch is generated that "
                      "many versions back, capped by the versions there are)",
     "weight_sync_steps": "grpo.asynchronous.weight_sync_steps",
-    "token_budget": "None or <= 0: fixed-count micro-batches of per_device_train_batch_size x devices completions, "
-                    "as jaxcore batches; > 0 is refused until token-budgeted packing reaches asynchronous runs",
+    "token_budget": "> 0: grpo.token_budget (slots per packed row, shared tokens counted once: jaxcore.grpo.packing); "
+                    "None or <= 0: fixed-count micro-batches of per_device_train_batch_size x devices completions, "
+                    "each group's prompt once per tree at the bucket widths",
     **{name: where for name, (_, where) in JAXCORE_OWN.items()},
 }
 ASYNC_REFUSED: dict[str, str] = {
@@ -95,7 +96,7 @@ ASYNC_NAME_OF_KEY = {
     **NAME_OF_KEY, "grpo.epsilon_high": "epsilon_high", "grpo.epsilon": "epsilon",
     "grpo.asynchronous.rollout_devices": "rollout_devices", "grpo.asynchronous.max_staleness": "max_staleness",
     "grpo.asynchronous.weight_sync_steps": "weight_sync_steps", "grpo.asynchronous.mode": "async_mode",
-    "grpo.gradient_accumulation_steps": "gradient_accumulation_steps",
+    "grpo.gradient_accumulation_steps": "gradient_accumulation_steps", "grpo.token_budget": "token_budget",
 }
 
 
@@ -128,9 +129,6 @@ class AsyncGRPOConfig(FlatArguments):
             refused.append(f"optim={self.optim!r} (jaxcore trains GRPO with AdamW: an adamw_* value)")
         if not self.average_tokens_across_devices:
             refused.append("average_tokens_across_devices=False (jaxcore's loss is over the global batch)")
-        if self.token_budget is not None and self.token_budget > 0:
-            refused.append(f"token_budget={self.token_budget} (token-budgeted micro-batches: not yet in asynchronous "
-                           "runs; None or <= 0 batches a fixed count of completions)")
         return refused
 
     def async_options(self) -> AsyncOptions:
@@ -182,6 +180,7 @@ class AsyncGRPOConfig(FlatArguments):
         g.epsilon, g.epsilon_high = self.epsilon, self.epsilon_high
         g.gradient_accumulation_steps = g.steps_per_generation = self.gradient_accumulation_steps
         g.asynchronous = options
+        g.token_budget = self.token_budget if self.token_budget is not None and self.token_budget > 0 else None
         return self._validated(job)
 
 

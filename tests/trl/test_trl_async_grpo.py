@@ -75,7 +75,6 @@ def test_the_vllm_server_settings_warn_once_naming_each():
 
 @pytest.mark.parametrize("kwargs, named", [
     ({"dtype": "bfloat16"}, "dtype='bfloat16'"),
-    ({"token_budget": 4096}, "token_budget=4096"),
     ({"fp16": True}, "fp16=True"),
     ({"optim": "adafactor"}, "optim='adafactor'"),
     ({"auto_find_batch_size": True}, "auto_find_batch_size=True"),
@@ -91,6 +90,16 @@ def test_what_jaxcore_cannot_follow_is_one_line_naming_the_argument(kwargs, name
         AsyncGRPOConfig(output_dir="x", **kwargs)
     assert named in str(err.value) and "\n" not in str(err.value)
     assert "grpo." not in str(err.value)                     # TRL's names, not the job config's keys
+
+
+def test_token_budget_maps_to_packed_rows():
+    """TRL's token_budget > 0 is grpo.token_budget (rows of that many slots, shared tokens once); None or <= 0 is
+    fixed-count batches, each prompt once per tree."""
+    def budget(value):
+        return AsyncGRPOConfig(output_dir="x", token_budget=value, max_steps=2).to_job_config(4).grpo.token_budget
+
+    assert budget(4096) == 4096
+    assert all(budget(unset) is None for unset in (None, 0, -1))
 
 
 def test_one_fixed_count_batch_per_optimizer_step():
