@@ -303,7 +303,8 @@ class GRPOLearner:
         config, c = self.model_config, ids.shape[1] - p
         return packing.pack(ids[:, :p], mask[:, :p], ids[:, p:], mask[:, p:], pieces=g.generation_steps,
                             shards=self.batch_shards, tree=lambda group: packing.tree_size(config, p, c, group),
-                            token_budget=g.token_budget, share_prompts=g.share_prompts)
+                            token_budget=g.token_budget, share_prompts=g.share_prompts,
+                            group=self.cfg.rollout.generations_per_prompt)
 
     def prepare(self, batch: GRPOBatch) -> GRPOBatch:
         """Shard the batch and add what the loss needs: old log-probs when `cfg.old_logp_source` is not

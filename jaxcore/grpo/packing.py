@@ -110,10 +110,12 @@ def tree_size(config: ModelConfig, prompt_width: int, completion_width: int, gro
 
 def pack(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, completion_mask_BC: Any, *,
          pieces: int = 1, shards: int = 1, tree: int | Callable[[int], int] = 1, token_budget: int | None = None,
-         share_prompts: bool = True) -> PackedTrees:
+         share_prompts: bool = True, group: int | None = None) -> PackedTrees:
     """Host arrays of a left-padded prompt / right-padded completion batch as packed prefix trees: trees of at
     most `tree` completions (or `tree(group size)`) at the bucket widths, or (with `token_budget`) real tokens in
-    rows of that many slots. Completions share a prompt where its tokens are the same (and `share_prompts`).
+    rows of that many slots. Completions share a prompt where its tokens are the same (and `share_prompts`), within
+    a rollout's group of `group` consecutive rows where given (so that a run's shapes follow from its settings, as
+    `GRPOLearner.make_programs` expects, even where two groups draw the same prompt).
     `pieces` is the learner's steps_per_generation and `shards` its data shards (module docstring)."""
     prompt_ids_BP, prompt_mask_BP = np.asarray(prompt_ids_BP, np.int32), np.asarray(prompt_mask_BP, np.int32)
     completion_ids_BC = np.asarray(completion_ids_BC, np.int32)
@@ -141,7 +143,8 @@ def pack(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, comple
         groups: dict[bytes, list[int]] = {}
         for row in rows:
             key = ((prompt_ids_BP[row] * prompt_mask_BP[row]).tobytes() + prompt_mask_BP[row].tobytes()
-                   if share_prompts else row.to_bytes(8, "little"))
+                   + (row // group if group else 0).to_bytes(8, "little") if share_prompts
+                   else row.to_bytes(8, "little"))
             groups.setdefault(key, []).append(row)
         trees = []
         for members in groups.values():

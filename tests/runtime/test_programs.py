@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jaxcore
+from jaxcore.bench.grpo import synthetic_batch
 from jaxcore.grpo.learner import GRPOLearner
 from jaxcore.model import lora
 from jaxcore.runtime.programs import AheadOfTime, PhaseClock, ledger
@@ -83,8 +84,11 @@ def test_a_train_step_made_ahead_makes_nothing_when_it_runs(path, batch, grpo_jo
 
     options = dict(options)
     scan, fsdp = options.pop("scan", True), options.pop("fsdp", 1)
-    cfg = grpo_job(loss_type="dapo", learning_rate=1e-2, max_completion_length=8, **options)
+    cfg = grpo_job(loss_type="dapo", learning_rate=1e-2, max_completion_length=8, generations_per_prompt=4,
+                   **options)
     cfg.model.scan_layers = scan
+    batch = synthetic_batch(jaxcore.load_hf(path).config.vocab_size, 8, 6, 8, group_size=4, seed=1,
+                            shared_prompts=True)           # a rollout's groups: packed, each prompt once
     learner = GRPOLearner(jaxcore.load_hf(path), cfg, mesh=grpo_mesh(fsdp) if fsdp > 1 else None,
                           **({"fsdp_min_size": 1024} if fsdp > 1 else {}))
     rows, prompt = np.shape(batch.advantages_B)[0], batch.completion_start + 1
