@@ -298,7 +298,7 @@ def _templated(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
     return [apply_chat_template(tokenizer, r["prompt"]) for r in rows]
 
 
-def _torch_evaluation(model_of: Callable[[], Any], tokenizer: Any, s: dict[str, Any],
+def torch_evaluation(model_of: Callable[[], Any], tokenizer: Any, s: dict[str, Any],
                       reward: Callable[..., list[float]]) -> Callable[[], float]:
     """The held-out evaluation of a torch model (`model_of()`: the model as it is now): greedy, scored."""
     rows = read_rows("eval.jsonl")[:s["eval_prompts"]]
@@ -330,7 +330,7 @@ def _trl_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: str, 
     reward = reward_function()
     tokenizer = load_tokenizer(path)
     holder: dict[str, Any] = {}
-    evaluation = _torch_evaluation(lambda: holder["model"], tokenizer, s, reward)
+    evaluation = torch_evaluation(lambda: holder["model"], tokenizer, s, reward)
 
     class Marks(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
@@ -374,7 +374,7 @@ def _qiu_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: str, 
 
     reward = reward_function()
     model, tokenizer = _torch_model(path, dtype)
-    evaluation = _torch_evaluation(lambda: model, tokenizer, s, reward)
+    evaluation = torch_evaluation(lambda: model, tokenizer, s, reward)
     train = read_rows("train.jsonl")
     budget.tick(evaluation)
     iteration = 0
@@ -458,7 +458,7 @@ def _rft_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: str, 
     torch.manual_seed(seed)
     reward = reward_function()
     model, tokenizer, optimizer = rft_model(path, dtype, s)
-    evaluation = _torch_evaluation(lambda: model, tokenizer, s, reward)
+    evaluation = torch_evaluation(lambda: model, tokenizer, s, reward)
     train = read_rows("train.jsonl")
     sampled, kept_total, losses, shown = 0, 0, [], []
     budget.tick(evaluation)
