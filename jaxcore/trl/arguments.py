@@ -348,3 +348,13 @@ REFUSED: dict[str, str] = {
     "load_best_model_at_end": "the last checkpoint is the result",
     "router_aux_loss_coef": "jaxcore's model families have no mixture of experts",
 }
+
+
+def optimizer_refusals(args: Any) -> list[str]:
+    """The values of a GRPO config's optimiser arguments jaxcore cannot follow, each named (TRL's names)."""
+    refused = []
+    if not str(args.optim).startswith("adamw"):
+        refused.append(f"optim={args.optim!r} (jaxcore trains GRPO with AdamW: an adamw_* value)")
+    if not args.average_tokens_across_devices:
+        refused.append("average_tokens_across_devices=False (jaxcore's loss is over the global batch)")
+    return refused

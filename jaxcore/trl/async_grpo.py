@@ -23,7 +23,7 @@ from jaxcore.grpo.config import GRPOConfig as JobConfig
 from jaxcore.trl.arguments import HANDLED as GRPO_HANDLED
 from jaxcore.trl.arguments import IGNORED as GRPO_IGNORED
 from jaxcore.trl.arguments import REFUSED as GRPO_REFUSED
-from jaxcore.trl.arguments import TRL_DEFAULTS
+from jaxcore.trl.arguments import TRL_DEFAULTS, optimizer_refusals
 from jaxcore.trl.flat_arguments import NAME_OF_KEY, FlatArguments
 from jaxcore.trl.trainer import Trainer, lora_config
 
@@ -124,12 +124,7 @@ class AsyncGRPOConfig(FlatArguments):
         return ValueError(f"{type(self).__name__}: {message}")
 
     def _refused_values(self) -> list[str]:
-        refused = super()._refused_values()
-        if not str(self.optim).startswith("adamw"):
-            refused.append(f"optim={self.optim!r} (jaxcore trains GRPO with AdamW: an adamw_* value)")
-        if not self.average_tokens_across_devices:
-            refused.append("average_tokens_across_devices=False (jaxcore's loss is over the global batch)")
-        return refused
+        return super()._refused_values() + optimizer_refusals(self)
 
     def async_options(self) -> AsyncOptions:
         """The job's `grpo.asynchronous` section."""

@@ -11,7 +11,7 @@ import math
 import warnings
 
 from jaxcore.grpo.config import GRPOConfig as JobConfig
-from jaxcore.trl.arguments import HANDLED, IGNORED, REFUSED, TRL_DEFAULTS
+from jaxcore.trl.arguments import HANDLED, IGNORED, REFUSED, TRL_DEFAULTS, optimizer_refusals
 from jaxcore.trl.flat_arguments import NAME_OF_KEY, FlatArguments
 
 TRL_NAME_OF_KEY = {           # a job-config key set from one TRL argument -> that argument (for error messages)
@@ -50,12 +50,7 @@ class GRPOConfig(FlatArguments):
         self.to_job_config(devices, train_rows=generation_batch // self.num_generations)
 
     def _refused_values(self) -> list[str]:
-        refused = super()._refused_values()
-        if not str(self.optim).startswith("adamw"):
-            refused.append(f"optim={self.optim!r} (jaxcore trains GRPO with AdamW: an adamw_* value)")
-        if not self.average_tokens_across_devices:
-            refused.append("average_tokens_across_devices=False (jaxcore's loss is over the global batch)")
-        return refused
+        return super()._refused_values() + optimizer_refusals(self)
 
     def batch_accounting(self, devices: int) -> tuple[int, int]:
         """TRL's (generation_batch_size, steps_per_generation) on `devices` data-parallel devices (TRL's world
