@@ -107,6 +107,7 @@ class Budget:
         self.eval_s = 0.0
         self.next_mark = 0.0
         self.curve: list[tuple[float, float, float]] = []
+        self.samples: list[str] = []          # the last evaluation's first completions (filled by the evaluation)
 
     def train_s(self) -> float:
         return self.clock() - self.eval_s
@@ -201,7 +202,7 @@ def run_method(method: str, seed: int, settings: dict[str, Any], path: str, dtyp
     extra = runner(method, seed, settings, Path(path), dtype, budget, Path(out)) or {}
     return {"times": [round(t, 2) for t, _, _ in budget.curve], "rewards": [r for _, r, _ in budget.curve],
             "eval_s": [round(e, 2) for _, _, e in budget.curve], "train_s": round(budget.train_s(), 2),
-            "load_average": [round(x, 2) for x in os.getloadavg()], **extra}
+            "load_average": [round(x, 2) for x in os.getloadavg()], "held_out_samples": budget.samples, **extra}
 
 
 def _jaxcore_config(method: str, s: dict[str, Any], seed: int, path: Path, dtype: str, out: Path) -> Any:
@@ -260,9 +261,10 @@ def _jaxcore_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: s
     try:
         with Scorer(task.reward_fns, task.reward_weights, num_workers=0) as scorer:
             def evaluation() -> float:
-                return evaluate(algorithm.eval_model(), eval_examples, scorer, algorithm.rollout,
-                                batch_size=cfg.train.eval_batch_size,
-                                row_sharding=algorithm.eval_sharding)["eval/reward"]
+                got = evaluate(algorithm.eval_model(), eval_examples, scorer, algorithm.rollout,
+                               batch_size=cfg.train.eval_batch_size, row_sharding=algorithm.eval_sharding)
+                budget.samples[:] = [str(sample["completion"]) for sample in got["eval/samples"]]
+                return got["eval/reward"]
 
             budget.tick(evaluation)
             # after the start's evaluation, not beside it: programs made during an evaluation would be free
@@ -299,8 +301,9 @@ def _templated(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def torch_evaluation(model_of: Callable[[], Any], tokenizer: Any, s: dict[str, Any],
-                      reward: Callable[..., list[float]]) -> Callable[[], float]:
-    """The held-out evaluation of a torch model (`model_of()`: the model as it is now): greedy, scored."""
+                     reward: Callable[..., list[float]], shown: list[str] | None = None) -> Callable[[], float]:
+    """The held-out evaluation of a torch model (`model_of()`: the model as it is now): greedy, scored; `shown`
+    (e.g. `Budget.samples`) gets the first 3 completions of each evaluation."""
     rows = read_rows("eval.jsonl")[:s["eval_prompts"]]
     texts = _templated(tokenizer, rows)
 
@@ -312,6 +315,8 @@ def torch_evaluation(model_of: Callable[[], Any], tokenizer: Any, s: dict[str, A
             completions = _torch_greedy(model, tokenizer, texts, s["max_new_tokens"])
         finally:
             model.train(training)
+        if shown is not None:
+            shown[:] = completions[:3]
         return statistics.fmean(score(reward, rows, completions))
 
     return evaluation
@@ -330,7 +335,7 @@ def _trl_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: str, 
     reward = reward_function()
     tokenizer = load_tokenizer(path)
     holder: dict[str, Any] = {}
-    evaluation = torch_evaluation(lambda: holder["model"], tokenizer, s, reward)
+    evaluation = torch_evaluation(lambda: holder["model"], tokenizer, s, reward, budget.samples)
 
     class Marks(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
@@ -374,7 +379,7 @@ def _qiu_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: str, 
 
     reward = reward_function()
     model, tokenizer = _torch_model(path, dtype)
-    evaluation = torch_evaluation(lambda: model, tokenizer, s, reward)
+    evaluation = torch_evaluation(lambda: model, tokenizer, s, reward, budget.samples)
     train = read_rows("train.jsonl")
     budget.tick(evaluation)
     iteration = 0
@@ -458,7 +463,7 @@ def _rft_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: str, 
     torch.manual_seed(seed)
     reward = reward_function()
     model, tokenizer, optimizer = rft_model(path, dtype, s)
-    evaluation = torch_evaluation(lambda: model, tokenizer, s, reward)
+    evaluation = torch_evaluation(lambda: model, tokenizer, s, reward, budget.samples)
     train = read_rows("train.jsonl")
     sampled, kept_total, losses, shown = 0, 0, [], []
     budget.tick(evaluation)

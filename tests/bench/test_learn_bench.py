@@ -28,6 +28,7 @@ def test_the_suite_runs_end_to_end_and_writes_its_json(tmp_path):
         assert times == sorted(times) and times[-1] >= 2                  # the last one past the budget
         run, = result[f"learn.run.{method}"]
         assert len(run["eval_s"]) == len(times) and result[f"learn.steps.{method}"] == [run["steps"]]
+        assert 1 <= len(run["held_out_samples"]) <= 3 and all(isinstance(t, str) for t in run["held_out_samples"])
         assert len(result[f"learn.load_average.{method}"][0]) == 3
     assert result["learn.rft.before"] == result["learn.curves.rft"][0][1][0]
     assert result["learn.rft.after"] == result["learn.curves.rft"][0][1][-1]
