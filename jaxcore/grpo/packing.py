@@ -125,9 +125,6 @@ def pack(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, comple
     if b % (pieces * shards):
         raise ValueError(f"batch of {b} does not split into {pieces} micro-batches over {shards} devices")
     positions_BT = np.asarray(positions_from_mask(np.concatenate([prompt_mask_BP, completion_mask_BC], 1)))
-    per_unit = b // (pieces * shards)
-    units = [[(i * pieces + q) for i in range(s * per_unit, (s + 1) * per_unit)]
-             for s in range(shards) for q in range(pieces)]           # unit s * pieces + q: rows of piece q, shard s
     budgeted = token_budget is not None
     last_B = np.array([_last_real(row) for row in completion_mask_BC])   # completion columns placed (budget)
     first_B = np.array([min(_first_real(row), p - 1) for row in prompt_mask_BP])
@@ -139,7 +136,7 @@ def pack(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, comple
         return range(last_B[row]) if budgeted else range(c)
 
     unit_rows: list[list[list[list[int]]]] = []      # per unit, its packed rows, each a list of trees (row lists)
-    for rows in units:
+    for rows in _units(b, pieces, shards):
         groups: dict[bytes, list[int]] = {}
         for row in rows:
             key = ((prompt_ids_BP[row] * prompt_mask_BP[row]).tobytes() + prompt_mask_BP[row].tobytes()
@@ -167,30 +164,42 @@ def pack(prompt_ids_BP: Any, prompt_mask_BP: Any, completion_ids_BC: Any, comple
         for j, trees in enumerate(rows):
             packed = (shard * rows_per_unit + j) * pieces + piece
             local = packed - shard * rows_per_unit * pieces             # the row within its shard's rows
-            column = 0
+            slots_NT, column = (ids_NT, positions_NT, tree_NT, branch_NT), 0
             for tree_id, members in enumerate(trees):
                 first = members[0]
-                prompt_slots = {}
-                for col in prompt_columns(first):
-                    if prompt_mask_BP[first, col]:
-                        ids_NT[packed, column] = prompt_ids_BP[first, col]
-                        positions_NT[packed, column] = positions_BT[first, col]
-                        tree_NT[packed, column] = tree_id
-                    prompt_slots[col] = column
-                    column += 1
+                column = _place(slots_NT, packed, column, prompt_columns(first), prompt_mask_BP[first],
+                                (prompt_ids_BP[first], positions_BT[first, :p], tree_id, 0))
+                last_prompt = column - 1                        # the slot of the prompt's last column
                 for k, row in enumerate(members, start=1):
-                    previous = prompt_slots[p - 1]
-                    for col in completion_columns(row):
-                        if completion_mask_BC[row, col]:
-                            ids_NT[packed, column] = completion_ids_BC[row, col]
-                            positions_NT[packed, column] = positions_BT[row, p + col]
-                            tree_NT[packed, column] = tree_id
-                            branch_NT[packed, column] = k
-                        source_BC[row, col] = local * width + previous
-                        previous = column
-                        column += 1
+                    cols, start = completion_columns(row), column
+                    column = _place(slots_NT, packed, column, cols, completion_mask_BC[row],
+                                    (completion_ids_BC[row], positions_BT[row, p:], tree_id, k))
+                    # each token is scored from the slot before it: the prompt's last, then its own previous
+                    previous = np.concatenate([[last_prompt], start + np.arange(len(cols) - 1)])[:len(cols)]
+                    source_BC[row, :len(cols)] = local * width + previous
     return PackedTrees(ids_NT, positions_NT, tree_NT, branch_NT, source_BC, shards=shards,
                        rows_per_shard=rows_per_unit * pieces)
+
+
+def _place(slots_NT: tuple[np.ndarray, ...], packed: int, column: int, cols: range, mask: np.ndarray,
+           values: tuple[Any, ...]) -> int:
+    """Columns `cols` of one sequence into packed row `packed` from slot `column` on: each of `slots_NT` (ids,
+    positions, tree, branch) takes its value (a row of the sequence's, or one number) where the column is real (its
+    padding stays empty); returns the next free slot."""
+    real = mask[cols.start:cols.stop].astype(bool)
+    slots = slice(column, column + len(cols))
+    for array_NT, value in zip(slots_NT, values, strict=True):
+        taken = value[cols.start:cols.stop] if isinstance(value, np.ndarray) else value
+        array_NT[packed, slots] = np.where(real, taken, array_NT[packed, slots])
+    return column + len(cols)
+
+
+def _units(rows: int, pieces: int, shards: int) -> list[list[int]]:
+    """The batch rows of each piece and shard, unit shard * pieces + piece: rows i * pieces + piece over the shard's
+    contiguous block of i (the learner's strided splits of its data-sharded batch)."""
+    per_unit = rows // (pieces * shards)
+    return [[i * pieces + piece for i in range(shard * per_unit, (shard + 1) * per_unit)]
+            for shard in range(shards) for piece in range(pieces)]
 
 
 def _first_real(mask_P: np.ndarray) -> int:
@@ -250,23 +259,20 @@ def planned_shape(config: ModelConfig, rows: int, group: int, pieces: int, shard
                   completion_width: int, token_budget: int | None = None) -> tuple[int, int]:
     """(packed rows per piece and shard, slots per row) that `pack` makes of `rows` full-length completions whose
     prompts repeat in runs of `group` (a rollout's layout), without the tokens: what the memory plan counts."""
-    per_unit = rows // (pieces * shards)
     largest_rows, largest_width = 0, 0
-    for shard in range(shards):
-        for piece in range(pieces):
-            members: dict[int, int] = {}
-            for i in range(shard * per_unit, (shard + 1) * per_unit):
-                prompt = (i * pieces + piece) // group
-                members[prompt] = members.get(prompt, 0) + 1
-            if token_budget is None:
-                sizes = [tree_size(config, prompt_width, completion_width, m) for m in members.values()]
-                unit_rows = sum(math.ceil(m / k) for m, k in zip(members.values(), sizes, strict=True))
-                width = prompt_width + max(min(k, m) for m, k in zip(members.values(), sizes, strict=True)) * (
-                    completion_width)
-            else:
-                per_tree = max((token_budget - prompt_width) // completion_width, 1)
-                trees = sum(math.ceil(m / per_tree) for m in members.values())
-                unique = trees * prompt_width + per_unit * completion_width
-                unit_rows, width = 1 << max(math.ceil(unique / token_budget) - 1, 0).bit_length(), token_budget
-            largest_rows, largest_width = max(largest_rows, unit_rows), max(largest_width, width)
+    for unit in _units(rows, pieces, shards):
+        members: dict[int, int] = {}
+        for row in unit:
+            members[row // group] = members.get(row // group, 0) + 1
+        if token_budget is None:
+            sizes = [tree_size(config, prompt_width, completion_width, m) for m in members.values()]
+            unit_rows = sum(math.ceil(m / k) for m, k in zip(members.values(), sizes, strict=True))
+            width = prompt_width + max(min(k, m) for m, k in zip(members.values(), sizes, strict=True)) * (
+                completion_width)
+        else:
+            per_tree = max((token_budget - prompt_width) // completion_width, 1)
+            trees = sum(math.ceil(m / per_tree) for m in members.values())
+            unique = trees * prompt_width + len(unit) * completion_width
+            unit_rows, width = 1 << max(math.ceil(unique / token_budget) - 1, 0).bit_length(), token_budget
+        largest_rows, largest_width = max(largest_rows, unit_rows), max(largest_width, width)
     return largest_rows, largest_width
