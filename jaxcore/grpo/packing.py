@@ -221,14 +221,14 @@ def _split_group(members: list[int], tree: int | Callable[[int], int], token_bud
         return [members[i:i + size] for i in range(0, len(members), size)]
     prompt = len(prompt_columns(members[0]))
     trees: list[list[int]] = []
-    used = token_budget
+    used = 0
     for row in members:
         need = len(completion_columns(row))
         if prompt + need > token_budget:
             raise UserError(f"grpo.token_budget={token_budget} is below a prompt and its completion "
                             f"({prompt + need} tokens): raise it to at least the prompt plus "
                             "rollout.max_new_tokens")
-        if used + need > token_budget:
+        if not trees or used + need > token_budget:       # the group's first tree, or the last one is full
             trees.append([])
             used = prompt
         trees[-1].append(row)

@@ -195,6 +195,22 @@ def test_a_budget_below_one_completion_is_one_line():
         packing.pack(*rows_of(batch), token_budget=5)
 
 
+def test_budget_rows_take_an_empty_completion(tiny_dir, grpo_job):
+    """A completion with no real token (first of its group) gets a tree like any other in budget rows, and the
+    numbers still equal the rows' (before: an IndexError opening the group's first tree)."""
+    model = jaxcore.load_hf(tiny_dir("llama"))
+    batch = grouped(model.config.vocab_size)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = rows_of(batch)
+    completion_mask[0] = 0
+    empty = build_batch(prompt_ids, prompt_mask, completion_ids * completion_mask, completion_mask,
+                        batch.advantages_B, (2,))
+    empty = empty.replace(old_logp_BL=batch.old_logp_BL, ref_logp_BL=batch.ref_logp_BL)
+    trees = packing.pack(*rows_of(empty), token_budget=32)
+    assert (trees.source_BC[0] == 0).all()
+    cfg = grpo_job(loss_type="grpo", beta=0.04, max_completion_length=8)
+    assert_same(loss_and_grads(model, empty, cfg), loss_and_grads(model, empty.replace(trees=trees), cfg))
+
+
 def step_flops(learner: GRPOLearner, rows: int, prompt: int, completion: int) -> float:
     """XLA's FLOP count of the compiled train step on `rows` full-length completions in groups of G."""
     group = learner.cfg.rollout.generations_per_prompt
