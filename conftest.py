@@ -32,3 +32,31 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory):
         return cache[key]
 
     return make
+
+
+MAP_BUDGET = 20_000    # of the kernel's vm.max_map_count (65530 by default): each XLA CPU executable maps its code
+
+
+def _mapped_regions() -> int:
+    try:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for _ in maps)
+    except OSError:    # no procfs: nothing to watch
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs():
+    """Drop JAX's compiled programs once a worker maps too much, so a long xdist worker never hits the map limit.
+
+    Each compiled CPU program keeps its machine code mapped until its cache entry goes; a worker that runs a
+    thousand tests otherwise fails in whatever test comes next ("Failed to materialize symbols", mmap ENOMEM).
+    """
+    yield
+    if "jax" in __import__("sys").modules and _mapped_regions() > MAP_BUDGET:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
