@@ -8,7 +8,9 @@ completion that restates the instruction earns nothing.
 
 import re
 
-QUOTED = re.compile(r"[\"“”'‘’][^\"“”'‘’]*[\"“”'‘’]")
+# a quotation mark: a double quote, or a single one not inside a word (the apostrophe of "I'll" opens nothing)
+QUOTE_MARK = r"(?:[\"“”]|(?<!\w)['‘’]|['‘’](?!\w))"
+QUOTED = re.compile(rf"{QUOTE_MARK}(?:(?!{QUOTE_MARK}).)*{QUOTE_MARK}", re.DOTALL)
 RESTATES_INSTRUCTION = re.compile(r"\b(in a sentence|use the words?|sentence about)\b", re.IGNORECASE)
 
 
