@@ -20,7 +20,7 @@ KERNELS_PER_LAYER = {
     ("decode", "h100"): 10.0, ("decode", "a100-40"): 10.0,
     ("decode_population", "h100"): 14.0, ("decode_population", "a100-40"): 18.0,
     ("prefill", "h100"): 18.0, ("prefill", "a100-40"): 18.0,
-    ("grpo_step", "h100"): 144.5, ("grpo_step", "a100-40"): 139.5,
+    ("grpo_step", "h100"): 141.0, ("grpo_step", "a100-40"): 130.5,
     ("es_generate", "h100"): 43.0, ("es_generate", "a100-40"): 51.0,
     ("es_update", "h100"): 48.5, ("es_update", "a100-40"): 48.5,
 }

@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -159,20 +160,26 @@ def grpo_learner(config: Any, mesh: Mesh, dtype: str, **job: Any) -> Any:
     return GRPOLearner(abstract_model(config), cfg, mesh=mesh, compute_dtype=dtype)
 
 
-def lower_grpo_step(learner: Any, w: Workload) -> list[Any]:
-    """The learner's train step on one batch of `w.rows` rows of prompt + completion."""
+def grpo_step_batch(learner: Any, w: Workload) -> Any:
+    """An abstract `GRPOBatch` of `w.rows` rows of prompt + completion placed over the learner's batch axes, a
+    prompt per group of `rollout.generations_per_prompt` rows, packed as prefix trees where the learner's `grpo`
+    packs (as a run's batches are)."""
     from jaxcore.grpo.step import GRPOBatch
 
     length = w.prompt + w.new_tokens
     rows = NamedSharding(learner.mesh, P(learner.batch_axes))
+    ones = np.ones((w.rows, length), np.int32)
+    ids = ones * (np.arange(w.rows) // learner.cfg.rollout.generations_per_prompt)[:, None]
+    batch = GRPOBatch(ids, ones, ones[:, 1:], np.zeros(w.rows, np.float32), np.zeros(w.rows, bool),
+                      completion_start=w.prompt - 1)
+    if learner.cfg.grpo.packs:
+        batch = batch.replace(trees=learner.pack(batch))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows), batch)
 
-    def batch_of(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
 
-    batch = GRPOBatch(batch_of((w.rows, length), jnp.int32), batch_of((w.rows, length), jnp.int32),
-                      batch_of((w.rows, length - 1), jnp.int32), batch_of((w.rows,), jnp.float32),
-                      batch_of((w.rows,), jnp.bool_), completion_start=w.prompt - 1)
-    return [learner._step.lower(learner.abstract_state, None, batch, jnp.float32(1.0), None)]
+def lower_grpo_step(learner: Any, w: Workload) -> list[Any]:
+    """The learner's train step on `grpo_step_batch`."""
+    return [learner._step.lower(learner.abstract_state, None, grpo_step_batch(learner, w), jnp.float32(1.0), None)]
 
 
 def es_masters(config: Any, mesh: Mesh, optimizer_name: str = "adam") -> tuple[Any, dict[str, Any], Any, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
@@ -112,14 +113,13 @@ def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
     planned = grpo_memory.plan_grpo(config, prompts=run.prompts, generations=run.generations,
                                     prompt_tokens=run.prompt_tokens, max_new_tokens=run.new_tokens,
                                     devices=run.devices, compute_dtype="bfloat16", device_memory=card,
-                                    platform="gpu")
+                                    platform="gpu", share_prompts=True)
     rows = run.prompts * run.generations
-    learner = gpu_compile.grpo_learner(config, mesh, "bfloat16")
+    learner = gpu_compile.grpo_learner(config, mesh, "bfloat16", **{"rollout.generations_per_prompt": run.generations})
     work = gpu_compile.Workload(rows=rows, prompt=run.prompt_tokens, new_tokens=run.new_tokens)
-    step, step_text = _stats(gpu_compile.lower_grpo_step(learner, work)[0])
-    length = run.prompt_tokens + run.new_tokens             # ids, mask, targets [B, T(-1)] int32; advantages, flags
-    batch_bytes = rows // run.devices * (4 * (3 * length - 1) + 4 + 1)
-    held = step.argument_size_in_bytes - batch_bytes                       # masters and AdamW moments
+    batch = gpu_compile.grpo_step_batch(learner, work)                # packed as the run's (prefix trees)
+    step, step_text = _stats(learner._step.lower(learner.abstract_state, None, batch, jnp.float32(1.0), None))
+    held = step.argument_size_in_bytes - sum(map(_shard_bytes, jax.tree.leaves(batch)))   # masters, AdamW moments
     model = gpu_compile.placed_model(config, mesh, "bfloat16")
     generation = [_stats(x) for x in gpu_compile.lower_generate(model, mesh, work, meshes.DATA)]
     phases = {"training": peak_bytes(step), "generation": held + max(peak_bytes(s) for s, _ in generation)}
