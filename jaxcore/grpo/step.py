@@ -30,6 +30,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxcore.grpo.async_loss import async_grpo_loss
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.grpo.loss import adapted_entropy_coef, entropy_bonus_enabled, grpo_loss, masked_mean
 from jaxcore.grpo.packing import PackedTrees, tree_logps
@@ -166,6 +167,12 @@ def batch_objective(model: Transformer, batch: GRPOBatch, cfg: GRPOConfig,
     mask_BL = loss_mask(batch, g.mask_truncated_completions)[:, s:]
     logp_BL, entropy_BL = completion_logps(model, batch, cfg.rollout.temperature, entropy_bonus_enabled(g))
     old_logp_BL = None if batch.old_logp_BL is None else batch.old_logp_BL[:, s:]
+    if g.asynchronous is not None:      # TRL's AsyncGRPO loss: old_logp_BL holds the sampler's log-probs, if any
+        loss, metrics = async_grpo_loss(logp_BL, old_logp_BL, batch.advantages_B, mask_BL, epsilon=g.epsilon,
+                                        epsilon_high=g.epsilon_high, num_tokens=mask_BL.sum(),
+                                        accumulation_steps=accumulation_steps)
+        metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BL), mask_BL)
+        return loss, metrics
     ref_logp_BL = batch.ref_logp_BL[:, s:] if g.beta != 0.0 else None
     loss, metrics = grpo_loss(logp_BL, old_logp_BL, ref_logp_BL, batch.advantages_B, mask_BL, g,
                               num_items_in_batch, entropy_BT=entropy_BL, accumulation_steps=accumulation_steps,
