@@ -35,13 +35,13 @@ from jaxcore.runtime.algorithm import Algorithm, StepResult
 from jaxcore.runtime.completions import CompletionLog
 from jaxcore.runtime.memory import MemoryPlan, largest_multiple
 from jaxcore.runtime.programs import AheadOfTime, PhaseClock, spare_host_cores
-from jaxcore.runtime.rollout import Rollout, RowScores
+from jaxcore.runtime.rollout import Rollout, RolloutOutput, RowScores
 
 log = logging.getLogger(__name__)
 
 STEP_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
                 "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "cispo_clip_ratio",
-                "vespo/phi_seq_mean", "policy_loss", "entropy_coef")
+                "vespo/phi_seq_mean", "policy_loss", "entropy_coef", "ratio")
 
 
 def advantage_rewards(scores: ScoreResult, fallback: float | None) -> np.ndarray:
@@ -114,7 +114,7 @@ class GRPOAlgorithm(Algorithm):
         # the run's rollout (with tools / environments: episodes); default: single-turn from the config
         self.rollout = rollout or Rollout(cfg.rollout, tokenizer, eos_token_ids=eos_token_ids, seed=cfg.train.seed)
         self.model_config = model.config
-        self.mesh = meshes.grpo_mesh(cfg.grpo.fsdp)
+        self.mesh = meshes.grpo_mesh(cfg.grpo.fsdp, self.training_devices())
         reason = self.layout_refusal(cfg, self.mesh.size)
         if reason:
             raise ValueError(reason)
@@ -127,6 +127,15 @@ class GRPOAlgorithm(Algorithm):
         self.num_tokens = 0      # TRL's running count of prompt + completion tokens (skipped rollouts too)
         self.ahead = AheadOfTime()                  # train-step programs, made beside the rollouts
         self.last_width: int | None = None          # the last rollout's completion width
+
+    def training_devices(self) -> list[Any] | None:
+        """The devices the learner trains on (None: all; asynchronous GRPO keeps some for generation). Called
+        once `self.cfg` is set, before the mesh is built."""
+        return None
+
+    def trains_on_rollout_logprobs(self) -> bool:
+        """Whether a batch carries the rollout's log-probs (`make_batch`), which the programs made ahead take."""
+        return self.cfg.old_logp_source == "rollout"
 
     def close(self) -> None:
         """Stop making programs ahead (the one being made finishes)."""
@@ -197,10 +206,11 @@ class GRPOAlgorithm(Algorithm):
         return np.asarray(advantages_B), {"frac_reward_zero_std": float(zero_std)}
 
     def make_batch(self, ids: np.ndarray, mask: np.ndarray, result: GenerationResult, advantages_B: np.ndarray,
-                   tool_mask_BC: np.ndarray | None = None) -> GRPOBatch:
+                   tool_mask_BC: np.ndarray | None = None, *, rollout_logprobs: bool | None = None) -> GRPOBatch:
         """The learner's batch; with old log-probs from the rollout (`old_logp_source`) as `old_logp`. `ids`/`mask`
         are per row, or per prompt (repeated per row); `tool_mask_BC` (an episode's, 0 on tool tokens) masks the
-        loss. The step sees no padded work beyond the buckets: prompts cut to `prompt_width`, completions to
+        loss; `rollout_logprobs` (default: `old_logp_source`'s "rollout") adds the rollout's log-probs as
+        `old_logp`. The step sees no padded work beyond the buckets: prompts cut to `prompt_width`, completions to
         `completion_width` (the rollout's own prompt bucket is generate's)."""
         g = len(advantages_B) // ids.shape[0]          # prompts given once per prompt are repeated per row
         keep = min(prompt_width(mask), ids.shape[1])     # left padding: the columns dropped are padding only
@@ -212,7 +222,7 @@ class GRPOAlgorithm(Algorithm):
         batch = build_batch(np.repeat(ids, g, 0), np.repeat(mask, g, 0), tokens, completion_mask, advantages_B,
                             self.eos_token_ids, None if tool_mask_BC is None else tool_mask_BC[:, :width],
                             pad_token_id=self.tokenizer.pad_token_id)
-        if self.cfg.old_logp_source == "rollout":
+        if self.cfg.old_logp_source == "rollout" if rollout_logprobs is None else rollout_logprobs:
             logprobs = np.where(completion_mask, rows.gather_rows(result.logprobs)[:, :width], 0.0).astype(np.float32)
             batch = batch.replace(old_logp_BL=np.pad(logprobs, ((0, 0), (ids.shape[1] - 1, 0))))
         return batch
@@ -230,23 +240,30 @@ class GRPOAlgorithm(Algorithm):
         for width in widths if spare_host_cores() else widths[:1]:
             key = (rows, prompt_columns, width)
             self.ahead.submit(key, functools.partial(self.learner.make_programs, *key,
-                                                     rollout_logprobs=self.cfg.old_logp_source == "rollout"))
+                                                     rollout_logprobs=self.trains_on_rollout_logprobs()))
 
     def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
         clock = PhaseClock()
         began = time.perf_counter()
-        g, scale = self.cfg.rollout.generations_per_prompt, self.cfg.grpo.scale_rewards
+        g = self.cfg.rollout.generations_per_prompt
         with clock.phase("rollout"):     # the programs of its prompt width are made beside it (`on_prompts`)
             out = self.rollout.run(self.learner.model, examples, key=self.rollout.epoch_key(epoch), generations=g,
                                    row_sharding=self.rows,
                                    logprobs=self.cfg.old_logp_source == "rollout",   # else the learner's forward
                                    on_prompts=self.plan_prompts)
+        return self.train_on(out, scorer, clock, began)
+
+    def train_on(self, out: RolloutOutput, scorer: Scorer, clock: PhaseClock, began: float, *,
+                 rollout_logprobs: bool | None = None) -> StepResult:
+        """Score a rollout's rows, turn them into advantages and a batch (`make_batch`, with `rollout_logprobs`) and
+        train on it: the epoch after its rollout (`clock` and `began` time the whole epoch)."""
+        g, scale = self.cfg.rollout.generations_per_prompt, self.cfg.grpo.scale_rewards
         with clock.phase("scoring"):
             scores = self.rollout.score(out, scorer, combined=lambda s: advantage_rewards(s, scorer.fallback))
             rewards_B = scores.rewards_B
             advantages_B, zero_std = self.advantages(scores, scorer, g, scale)
             batch = self.make_batch(out.prompt_ids_BT, out.prompt_mask_BT, out.result, advantages_B,
-                                    out.model_mask_BC)
+                                    out.model_mask_BC, rollout_logprobs=rollout_logprobs)
         failed = scores.every_call_failed()
         if failed is not None:              # nothing to learn from: a bad step, not an update on fallbacks
             return StepResult({**{f"rewards/{name}/failures": n for name, n in scores.failures.items()},

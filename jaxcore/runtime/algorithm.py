@@ -94,6 +94,12 @@ class Algorithm(abc.ABC):
         epochs' examples, then before each epoch with the next one's. Nothing by default."""
         return None
 
+    def examples_ahead(self, draw: Any) -> None:
+        """Given once before the first epoch: `draw(epoch)` is epoch `epoch`'s examples (what `train_step` will get
+        then), for any epoch of the run, called on the main thread. For an algorithm that works ahead of the epoch
+        it trains (asynchronous GRPO generates later epochs' batches while one trains). Nothing by default."""
+        return None
+
     def close(self) -> None:
         """Release what the algorithm runs beside training (e.g. a thread making programs ahead of time); the runner
         calls it once the run ends, however it ends."""

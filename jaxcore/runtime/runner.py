@@ -209,6 +209,7 @@ class Runner:
             epoch = start - 1
             scorer.trainer_state = self.state
             self._advance(start)
+            self.algorithm.examples_ahead(self._examples)
             # the first epochs' programs are made beside the evaluation before training and the first rollout
             self.algorithm.prepare([self._examples(e) for e in range(start, min(start + LOOKAHEAD, t.epochs))])
             if start == 0 and t.eval_every > 0:

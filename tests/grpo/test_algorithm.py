@@ -299,9 +299,9 @@ def test_normalize_then_sum_trains_on_each_functions_normalized_rewards(warm, mo
     seen = {}
     real_batch = algorithm.make_batch
 
-    def spy(ids, mask, result, advantages_B, *rest):
+    def spy(ids, mask, result, advantages_B, *rest, **options):
         seen["advantages"] = np.asarray(advantages_B)
-        return real_batch(ids, mask, result, advantages_B, *rest)
+        return real_batch(ids, mask, result, advantages_B, *rest, **options)
 
     monkeypatch.setattr(algorithm, "make_batch", spy)
     real_score = algorithm.rollout.score
