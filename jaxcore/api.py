@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from jaxcore.config import schema
 from jaxcore.errors import ConfigValueError, is_out_of_memory, out_of_memory
 from jaxcore.es.config import ESConfig
-from jaxcore.grpo.async_config import RUNNER_MISSING
+from jaxcore.grpo.async_config import async_refusal
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.rewards.file_tasks import dataset_task
 from jaxcore.rewards.user_functions import task_with_rewards
@@ -184,15 +184,20 @@ class GRPOTrainer(_Trainer):
                        "once), rollout.max_new_tokens, raise grpo.gradient_accumulation_steps (smaller "
                        "micro-batches) or set model.remat=true; jaxcore plan shows what a config needs")
 
-    @staticmethod
-    def algorithm_type() -> type[Algorithm]:
+    def algorithm_type(self) -> type[Algorithm]:  # type: ignore[override]
+        """GRPO, or with `grpo.asynchronous` set, generation and training on disjoint device groups."""
+        if self.args.grpo.asynchronous is not None:
+            from jaxcore.grpo.async_algorithm import AsyncGRPOAlgorithm
+
+            return AsyncGRPOAlgorithm
         from jaxcore.grpo.algorithm import GRPOAlgorithm  # lazy: pulls orbax (reference-model loading)
 
         return GRPOAlgorithm
 
     def check_args(self) -> None:
-        """As every trainer's, and a run with `grpo.asynchronous` set is one line until its runner exists (issue 53):
-        no synchronous run under an asynchronous name."""
+        """As every trainer's, and a run with `grpo.asynchronous` set in a layout its runner does not run yet is one
+        line (`async_refusal`, issue 53): no synchronous run under an asynchronous name."""
         super().check_args()
-        if self.args.grpo.asynchronous is not None:
-            raise ConfigValueError(RUNNER_MISSING)
+        reason = async_refusal(self.args)
+        if reason:
+            raise ConfigValueError(reason)

@@ -2,17 +2,18 @@
 training, with TRL 1.16 AsyncGRPO's `max_staleness` and `weight_sync_steps` (issue 53). The YAML key is
 `asynchronous` because `async` is a Python keyword and every config key is its field's name.
 
-What is built: these settings, the loss (`jaxcore.grpo.async_loss`) and the deterministic schedule
-(`jaxcore.grpo.async_schedule`). What is not: the runner that generates on one device group while the other
-trains, and the weight transfer between them; a run with this section set says so in one line (`RUNNER_MISSING`)
-rather than training synchronously under an asynchronous name.
+In one process, `jaxcore.grpo.async_algorithm` runs the deterministic schedule (`jaxcore.grpo.async_schedule`) with
+TRL's loss (`jaxcore.grpo.async_loss`): generation on `rollout_devices` from a copy of the weights, training on the
+others, the weights synced device to device. What it does not run yet is refused in one line (`async_refusal`):
+the free-running mode, several processes, FSDP, LoRA, multi-turn rollouts, and the loss options TRL's
+asynchronous loss has not.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge
 
@@ -21,9 +22,43 @@ from jaxcore.config.schema import check
 ScheduleMode = Literal["deterministic", "free_running"]
 SCHEDULE_MODES = typing.get_args(ScheduleMode)
 
-RUNNER_MISSING = ("grpo.asynchronous is set, but jaxcore cannot run asynchronous GRPO yet: the loss, the schedule "
-                  "and the settings are built, the runner that generates on rollout_devices while the other devices "
-                  "train is not (issue 53); remove grpo.asynchronous to train synchronously")
+# the loss settings TRL's asynchronous loss has no counterpart of, at the values that leave them off
+_LOSS_OFF = (("loss_type", "dapo"), ("importance_sampling_level", "token"), ("delta", None),
+             ("top_entropy_quantile", 1.0), ("entropy_coef", 0.0), ("use_adaptive_entropy", False),
+             ("off_policy_mask_threshold", None), ("beta", 0.0))
+
+
+def async_refusal(cfg: Any, processes: int = 1) -> str | None:
+    """Why a `jaxcore grpo` job config with `grpo.asynchronous` set cannot run (one line), else None: what the
+    one-process runner of `jaxcore.grpo.async_algorithm` does not do yet, or what TRL's asynchronous GRPO has not
+    (`processes`: the run's processes, besides `distributed.num_processes`)."""
+    a, g = cfg.grpo.asynchronous, cfg.grpo
+    if a is None:
+        return None
+    if a.mode != "deterministic":
+        return (f"grpo.asynchronous.mode={a.mode} is not built yet (issue 53): only mode=deterministic runs "
+                "(reproducible, TRL's staleness fixed by the step)")
+    if max(processes, cfg.distributed.num_processes) > 1 or cfg.distributed.coordinator:
+        return "grpo.asynchronous runs in one process only: the multi-process layout is not built yet (issue 53)"
+    if g.fsdp > 1:
+        return (f"grpo.asynchronous with grpo.fsdp={g.fsdp} is not built yet (issue 53): the weights move to the "
+                "rollout devices replicated; set grpo.fsdp=1")
+    if g.lora is not None:
+        return "grpo.asynchronous with grpo.lora is not built yet (issue 53)"
+    if g.num_iterations != 1 or g.steps_per_rollout != 1:
+        return (f"grpo.asynchronous trains each generated batch once, in one optimizer step (TRL's AsyncGRPO): "
+                f"grpo.num_iterations={g.num_iterations} must be 1 and grpo.steps_per_generation="
+                f"{g.generation_steps} equal to gradient_accumulation_steps={g.gradient_accumulation_steps}")
+    for key, off in _LOSS_OFF:
+        if getattr(g, key) != off:
+            return (f"grpo.{key}={getattr(g, key)!r} is not part of TRL's asynchronous GRPO loss (clipped ratio "
+                    f"against the sampler's log-probs): leave it at {off!r} with grpo.asynchronous")
+    if cfg.rollout.temperature != 1.0:
+        return (f"grpo.asynchronous with rollout.temperature={cfg.rollout.temperature}: the sampler's log-probs "
+                "are the raw logits', the loss's the tempered ones; only temperature 1 runs so far")
+    if cfg.rollout.multi_turn:
+        return "grpo.asynchronous with multi-turn rollouts (tools, environments) is not built yet (issue 53)"
+    return None
 
 
 @dataclasses.dataclass

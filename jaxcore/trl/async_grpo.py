@@ -18,7 +18,7 @@ from typing import Any
 
 from jaxcore.api import GRPOTrainer as JobGRPOTrainer
 from jaxcore.errors import ConfigValueError
-from jaxcore.grpo.async_config import RUNNER_MISSING, AsyncOptions
+from jaxcore.grpo.async_config import AsyncOptions
 from jaxcore.grpo.config import GRPOConfig as JobConfig
 from jaxcore.trl.arguments import HANDLED as GRPO_HANDLED
 from jaxcore.trl.arguments import IGNORED as GRPO_IGNORED
@@ -180,10 +180,13 @@ class AsyncGRPOConfig(FlatArguments):
 
 
 class AsyncGRPOTrainer(Trainer):
-    """TRL 1.16's `trl.experimental.async_grpo.AsyncGRPOTrainer`, argument for argument. Until jaxcore's
-    asynchronous runner exists, constructing it checks every argument and then stops in one line."""
+    """TRL 1.16's `trl.experimental.async_grpo.AsyncGRPOTrainer`, argument for argument. Until it is wired to
+    jaxcore's asynchronous runner (`jaxcore grpo` with grpo.asynchronous), constructing it checks every argument and
+    then stops in one line."""
 
     args_type, job_trainer_type = AsyncGRPOConfig, JobGRPOTrainer
+    memory_settings = ("lower per_device_train_batch_size or num_generations (the completions generated at once), "
+                       "max_completion_length or raise rollout_devices")
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: AsyncGRPOConfig | None = None,
                  train_dataset: Any = None, processing_class: Any = None, callbacks: Sequence[Any] | None = None,
@@ -207,14 +210,10 @@ class AsyncGRPOTrainer(Trainer):
         return job
 
     def _job_trainer(self, devices: int) -> Any:
-        try:
-            return super()._job_trainer(devices)
-        except ConfigValueError as err:
-            if str(err) != RUNNER_MISSING:
-                raise
-        raise ValueError("AsyncGRPOTrainer: jaxcore cannot run asynchronous GRPO yet: the loss, the schedule and "
-                         "the arguments are built, the runner that generates on rollout_devices while the other "
-                         "devices train is not (issue 53); jaxcore.trl.GRPOTrainer trains synchronously") from None
+        super()._job_trainer(devices)          # every argument and setting checked (one line each)
+        raise ValueError("AsyncGRPOTrainer: not wired to jaxcore's asynchronous runner yet (issue 53): `jaxcore grpo` "
+                         "with grpo.asynchronous runs it in one process; jaxcore.trl.GRPOTrainer trains "
+                         "synchronously")
 
     def _steps(self, job: Any, devices: int) -> tuple[int, int]:
         return 1, self.args.optimizer_steps(job.grpo.asynchronous.device_groups(devices)[1], self.train_rows)[1]

@@ -1,5 +1,6 @@
 """The `grpo.asynchronous` section: TRL's meanings and defaults, one-line errors, the device groups, and a run with
-it set refused in one line until the asynchronous runner exists (never a synchronous run under its name)."""
+it set refused in one line where the asynchronous runner does not run it yet (never a synchronous run under its
+name)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from jaxcore.config.yaml_config import load_config
 from jaxcore.errors import ConfigValueError
-from jaxcore.grpo.async_config import RUNNER_MISSING, AsyncOptions
+from jaxcore.grpo.async_config import AsyncOptions
 from jaxcore.grpo.config import GRPOConfig
 
 
@@ -59,24 +60,35 @@ def test_device_groups_are_disjoint_and_leave_each_side_a_device():
             options.device_groups(devices)
 
 
-def test_a_trainer_with_the_section_set_says_in_one_line_that_it_cannot_run_yet():
+def test_a_trainer_refuses_in_one_line_what_the_asynchronous_runner_does_not_run():
     from jaxcore.api import GRPOTrainer
 
-    cfg = load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1"])
-    with pytest.raises(ConfigValueError) as err:
-        GRPOTrainer(args=cfg)
-    assert str(err.value) == RUNNER_MISSING and "\n" not in RUNNER_MISSING
-    GRPOTrainer(args=GRPOConfig())                     # synchronous: constructed as before
+    GRPOTrainer(args=load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1"]))     # what runs
+    for overrides, match in ((["grpo.asynchronous.mode=free_running"], "mode=free_running is not built yet"),
+                             (["grpo.fsdp=2"], "grpo.fsdp=2 is not built yet"),
+                             (["distributed.num_processes=2"], "runs in one process only"),
+                             (["grpo.num_iterations=2"], "grpo.num_iterations=2 must be 1"),
+                             (["grpo.beta=0.04"], "grpo.beta=0.04 is not part of TRL's asynchronous GRPO loss"),
+                             (["grpo.loss_type=grpo"], "grpo.loss_type='grpo' is not part of"),
+                             (["rollout.temperature=0.7"], "only temperature 1 runs so far")):
+        cfg = load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1", *overrides])
+        with pytest.raises(ConfigValueError, match=match) as err:
+            GRPOTrainer(args=cfg)
+        assert "\n" not in str(err.value)
     trainer = GRPOTrainer(args=GRPOConfig())
-    trainer.args.grpo.asynchronous = AsyncOptions()    # set after construction: train() checks again
-    with pytest.raises(ConfigValueError, match="cannot run asynchronous GRPO yet"):
+    trainer.args.grpo.asynchronous = AsyncOptions(mode="free_running")    # set after construction: train() checks
+    with pytest.raises(ConfigValueError, match="mode=free_running is not built yet"):
         trainer.train()
 
 
-def test_jaxcore_grpo_with_the_section_set_is_one_line_and_writes_nothing(capsys, tmp_path):
+def test_jaxcore_grpo_in_a_refused_layout_is_one_line_and_writes_nothing(capsys, tmp_path):
     from cli_runs import grpo_args, run_cli
 
+    from jaxcore.grpo.async_config import async_refusal
+
     out = tmp_path / "run"
-    code, lines = run_cli(capsys, "grpo", *grpo_args(tmp_path / "no-model", out, "grpo.asynchronous.max_staleness=1"))
-    assert code == 2 and lines == [f"jaxcore grpo: error: {RUNNER_MISSING}"]
+    overrides = ("grpo.asynchronous.mode=free_running",)
+    code, lines = run_cli(capsys, "grpo", *grpo_args(tmp_path / "no-model", out, *overrides))
+    reason = async_refusal(load_config(GRPOConfig, None, list(overrides)))
+    assert code == 2 and lines == [f"jaxcore grpo: error: {reason}"]
     assert not out.exists()

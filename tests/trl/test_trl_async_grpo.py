@@ -152,14 +152,14 @@ def reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def test_the_trainer_checks_everything_then_says_in_one_line_that_it_cannot_run_yet(tiny_dir):
+def test_the_trainer_checks_everything_then_says_in_one_line_that_it_is_not_wired_yet(tiny_dir):
     from jaxcore.trl import AsyncGRPOTrainer
 
     args = AsyncGRPOConfig(output_dir="x", per_device_train_batch_size=4, num_generations=4, max_steps=2)
     with pytest.raises(ValueError) as err:
         AsyncGRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward, args=args, train_dataset=prompts(16))
     message = str(err.value)
-    assert message.startswith("AsyncGRPOTrainer: jaxcore cannot run asynchronous GRPO yet") and "\n" not in message
+    assert message.startswith("AsyncGRPOTrainer: not wired to jaxcore's asynchronous runner") and "\n" not in message
     with pytest.raises(ValueError, match="not supported by jaxcore: rollout_worker"):
         AsyncGRPOTrainer(model=str(tiny_dir("llama")), reward_funcs=reward, args=args, train_dataset=prompts(16),
                          rollout_worker=object())

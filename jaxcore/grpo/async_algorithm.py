@@ -1,0 +1,234 @@
+"""Asynchronous GRPO in one process (`grpo.asynchronous`, issue 53): generation on the `rollout_devices` group from a
+copy of the weights, on a thread of its own (`RolloutWorker`), while the other devices train; TRL 1.16 AsyncGRPO's
+loss (`jaxcore.grpo.async_loss`, in the learner's step) on the sampler's log-probs.
+
+The deterministic schedule (`jaxcore.grpo.async_schedule.Schedule`) fixes everything timing could change: batch k is
+epoch k's prompts, sampled with epoch k's key, from weight version g(k) (one version per `weight_sync_steps`
+epochs, `max_staleness` versions back at most), and epoch k trains it in one optimizer step. The run is therefore
+reproducible, lag 0 with a sync every step is the synchronous run (`num_iterations` 1) bit for bit, and a
+checkpoint keeps what `Schedule.checkpoint_plan` says (the batches generated from older versions as generated, the
+newest version's weights), so a resumed run equals a straight one.
+
+Scoring and advantages run on the main thread, in epoch order, as in the synchronous run: reward functions see the
+same trainer state. Each step logs how long the trainer waited for its batch, how long the rollout waited for
+weights, the weight sync's seconds and count, and TRL's `sample/staleness_mean` / `max`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxcore.grpo.algorithm import GRPOAlgorithm
+from jaxcore.grpo.async_config import async_refusal
+from jaxcore.grpo.async_rollout import Job, RolloutWorker
+from jaxcore.grpo.async_schedule import Schedule
+from jaxcore.grpo.async_weights import WeightSync
+from jaxcore.grpo.config import GRPOConfig
+from jaxcore.inference.generate import GenerationResult
+from jaxcore.model import layer_stack
+from jaxcore.parallel import meshes
+from jaxcore.rewards import Example, Scorer
+from jaxcore.runtime.algorithm import StepResult
+from jaxcore.runtime.programs import PhaseClock
+from jaxcore.runtime.rollout import Rollout, RolloutOutput
+
+
+def device_groups(cfg: GRPOConfig) -> tuple[list[Any], list[Any]]:
+    """(training devices, rollout devices): the first devices train, the last `rollout_devices` generate."""
+    rollout, train = cfg.grpo.asynchronous.device_groups(jax.device_count())
+    devices = jax.devices()
+    return devices[:train], devices[train:]
+
+
+class AsyncGRPOAlgorithm(GRPOAlgorithm):
+    """GRPO with generation and training on disjoint device groups, on the deterministic schedule."""
+
+    @classmethod
+    def layout_refusal(cls, cfg: GRPOConfig, devices: int) -> str | None:
+        reason = async_refusal(cfg, jax.process_count())
+        if reason:
+            return reason
+        rollout, train = cfg.grpo.asynchronous.device_groups(devices)
+        rows = cfg.rollout.prompts_per_epoch * cfg.rollout.generations_per_prompt
+        if rows % rollout:
+            return (f"prompts_per_epoch x generations_per_prompt = {rows} rows must be a multiple of the "
+                    f"{rollout} rollout devices (grpo.asynchronous.rollout_devices)")
+        return super().layout_refusal(cfg, train)
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = (),
+                 rollout: Rollout | None = None):
+        reason = self.layout_refusal(cfg, jax.device_count())
+        if reason:
+            raise ValueError(reason)
+        if rollout is not None and rollout.agent is not None:
+            raise ValueError("grpo.asynchronous with tools, environments or a rollout_func is not built yet "
+                             "(issue 53)")
+        super().__init__(model, tokenizer, cfg, eos_token_ids=eos_token_ids, rollout=rollout)
+        a = cfg.grpo.asynchronous
+        self.schedule = Schedule(a.max_staleness, a.weight_sync_steps)
+        self.rollout_mesh = meshes.grpo_mesh(1, device_groups(cfg)[1])
+        self.rollout_rows = meshes.leading_axis(self.rollout_mesh, self.learner.batch_axes)
+        self.sync = WeightSync(self.rollout_mesh)
+        self.rollout_rest = self.sync.place(self.learner.rest)        # non-trainable state (e.g. rope tables)
+        self.newest = (0, self.sync.place(self.learner.state.params))   # the newest version on the rollout devices
+        self.finished = 0              # epochs (= batches = optimizer steps, skipped ones included) done
+        self.worker: RolloutWorker | None = None
+        self._draw: Callable[[int], list[Example]] | None = None
+        self._stored: dict[int, dict[str, np.ndarray]] = {}     # a checkpoint's generated batches, until resumed
+        self._models: tuple[int, Any] = (-1, None)              # the rollout's model of one version (worker only)
+
+    def training_devices(self) -> list[Any] | None:
+        return device_groups(self.cfg)[0]
+
+    def trains_on_rollout_logprobs(self) -> bool:
+        return self.cfg.grpo.asynchronous.max_staleness > 0 or self.cfg.grpo.asynchronous.weight_sync_steps > 1
+
+    def examples_ahead(self, draw: Callable[[int], list[Example]]) -> None:
+        self._draw = draw
+
+    def close(self) -> None:
+        super().close()
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+    # -- the rollout side ----------------------------------------------------------------------------------
+
+    def _rollout_model(self, version: int, params: Any) -> Any:
+        """The policy of `version` on the rollout devices, per layer (what decoding runs); built once per version."""
+        if self._models[0] != version:
+            self._models = (-1, None)          # the older version's arrays go first
+            self._models = (version, layer_stack.unrolled(nnx.merge(self.learner.graphdef, params, self.rollout_rest)))
+        return self._models[1]
+
+    def _generate(self, params: Any, job: Job) -> RolloutOutput:
+        """Batch `job.batch` on the rollout devices (the worker's thread): its examples with its epoch's key, from
+        its version's weights; the sampler's log-probs unless the batch is on-policy (its ratio is then 1)."""
+        k, examples = job.batch, job.work
+        return self.rollout.run(self._rollout_model(job.version, params), examples, key=self.rollout.epoch_key(k),
+                                generations=self.cfg.rollout.generations_per_prompt, row_sharding=self.rollout_rows,
+                                logprobs=not self.schedule.on_policy(k))
+
+    def _examples_of(self, batch: int, given: list[Example] | None = None) -> list[Example]:
+        if given is not None:
+            return given
+        if self._draw is None:
+            raise RuntimeError(f"asynchronous GRPO needs batch {batch}'s examples ahead (Algorithm.examples_ahead)")
+        return self._draw(batch)
+
+    def _start(self) -> None:
+        """The worker, with the newest version's weights and a checkpoint's generated batches."""
+        self.worker = RolloutWorker(self._generate)
+        self.worker.publish(*self.newest)
+        for k, stored in sorted(self._stored.items()):
+            self.worker.put(k, self._restored_output(k, stored))
+        self._stored = {}
+
+    def _submit(self, current: list[Example] | None = None) -> None:
+        """Queue every batch the published weights can generate now (`Schedule.generatable`) and not yet queued,
+        within the run's epochs."""
+        stop = min(self.schedule.generatable(self.finished).stop, self.cfg.train.epochs)
+        for k in range(self.finished, stop):
+            if not self.worker.holds(k):
+                work = self._examples_of(k, current if k == self.finished else None)
+                self.worker.submit(Job(k, self.schedule.generation_version(k), work))
+
+    def _sync(self) -> float:
+        """After a finished step: a weight sync every `weight_sync_steps` steps (TRL's), also where no batch of this
+        run needs the version (a checkpoint keeps it: a resumed run with more epochs generates from it); its seconds
+        (0 without one)."""
+        f, s = self.finished, self.schedule.weight_sync_steps
+        if f % s:
+            return 0.0
+        self.newest = (f // s, self.sync.push(self.learner.state.params))
+        self.worker.publish(*self.newest)
+        return self.sync.seconds
+
+    # -- one epoch -------------------------------------------------------------------------------------------
+
+    def train_step(self, epoch: int, examples: list[Example], scorer: Scorer) -> StepResult:
+        if epoch != self.finished:
+            raise RuntimeError(f"asynchronous GRPO trains batch {self.finished} next, not {epoch}")
+        if self.worker is None:
+            self._start()
+        self._submit(examples)
+        clock, began = PhaseClock(), time.perf_counter()
+        out = self.worker.result(epoch, remove=True)
+        waited = time.perf_counter() - began
+        version = self.schedule.generation_version(epoch)
+        result = self.train_on(out, scorer, clock, began, rollout_logprobs=not self.schedule.on_policy(epoch))
+        self.finished = epoch + 1
+        sync_seconds = self._sync()
+        self._submit()                         # the new version's batches start while the runner logs
+        result.metrics.update({
+            "async/trainer_wait_s": waited, "async/rollout_wait_s": self.worker.waited_for_weights(),
+            "async/weight_sync_s": sync_seconds, "async/weight_syncs": self.sync.syncs,
+            "async/weight_transfers": self.sync.transfers, "async/version": version,
+            "sample/staleness_mean": float(self.schedule.staleness(epoch)),
+            "sample/staleness_max": float(self.schedule.staleness(epoch))})
+        return result
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+
+    def _slots(self) -> int:
+        """Batches a checkpoint can hold as generated: at most max_staleness x weight_sync_steps (at least one
+        slot, so the state's layout never changes)."""
+        return max(self.schedule.max_staleness * self.schedule.weight_sync_steps, 1)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The synchronous state, plus `Schedule.checkpoint_plan`'s: the epochs finished, the newest version's
+        weights (per layer) and every untrained batch of an older version as generated (waited for)."""
+        out = super().checkpoint_state()
+        plan = self.schedule.checkpoint_plan(self.finished)
+        rows, width = self.cfg.rollout.prompts_per_epoch * self.cfg.rollout.generations_per_prompt, \
+            self.cfg.rollout.max_new_tokens
+        n = self._slots()
+        batches = np.full(n, -1, np.int32)
+        tokens, logprobs = np.zeros((n, rows, width), np.int32), np.zeros((n, rows, width), np.float32)
+        lengths, ended = np.zeros((n, rows), np.int32), np.zeros((n, rows), np.int32)
+        for k in plan.stored:          # past the run's epochs (its end): generated now, for a run resumed longer
+            if self.worker is not None and not self.worker.holds(k):
+                self.worker.submit(Job(k, self.schedule.generation_version(k), self._examples_of(k)))
+        for i, k in enumerate(plan.stored):
+            r = self._stored[k] if k in self._stored else self._host(self.worker.result(k).result)
+            batches[i] = k
+            tokens[i], logprobs[i], lengths[i], ended[i] = r["tokens"], r["logprobs"], r["lengths"], r["finished"]
+        version, params = self.newest
+        assert version == plan.version, (version, plan.version)
+        out["async"] = {"finished": np.asarray(self.finished, np.int64), "version": np.asarray(version, np.int64),
+                        "rollout_params": self.learner.to_layer_layout(params), "batches": batches,
+                        "tokens": tokens, "logprobs": logprobs, "lengths": lengths, "finished_rows": ended}
+        return out
+
+    @staticmethod
+    def _host(result: GenerationResult) -> dict[str, np.ndarray]:
+        return {"tokens": np.asarray(result.tokens), "logprobs": np.asarray(result.logprobs),
+                "lengths": np.asarray(result.lengths), "finished": np.asarray(result.finished, np.int32)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        a = state["async"]
+        self.finished = int(a["finished"])
+        self.newest = (int(a["version"]), self.sync.place(self.learner.to_training_layout(a["rollout_params"])))
+        self._stored = {int(k): {"tokens": np.asarray(a["tokens"][i]), "logprobs": np.asarray(a["logprobs"][i]),
+                                 "lengths": np.asarray(a["lengths"][i]),
+                                 "finished": np.asarray(a["finished_rows"][i])}
+                        for i, k in enumerate(np.asarray(a["batches"])) if k >= 0}
+
+    def _restored_output(self, k: int, stored: dict[str, np.ndarray]) -> RolloutOutput:
+        """A checkpoint's generated batch `k` as the worker would hand it over: its prompts encoded again (a pure
+        function of its examples), its generation placed on the rollout devices."""
+        examples = self._examples_of(k)
+        g = self.cfg.rollout.generations_per_prompt
+        ids, mask, truncated = self.rollout.encode(examples, self.model_config)
+        place = lambda x: jax.device_put(x, self.rollout_rows)       # noqa: E731
+        result = GenerationResult(place(stored["tokens"]), place(stored["logprobs"]), place(stored["lengths"]),
+                                  place(stored["finished"].astype(bool)))
+        return RolloutOutput([e for e in examples for _ in range(g)], np.repeat(ids, g, 0), np.repeat(mask, g, 0),
+                             result, prompts_truncated=truncated)

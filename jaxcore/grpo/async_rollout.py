@@ -1,0 +1,121 @@
+"""Asynchronous GRPO's rollout worker: a thread that generates the batches it is given, in order, each from the
+weight version the schedule names (`jaxcore.grpo.async_schedule`), while the main thread trains (issue 53).
+
+The worker holds one version at a time: it takes version v's weights when its next batch needs them and lets the
+older ones go, so a version replaces the one before only once that one's batches are generated. What a batch
+generates depends only on its job (prompts, key, version), never on when it ran: the overlap is timing, the
+result is not. Idle seconds (no batch whose weights are published) are counted: the rollout's wait for weights.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One batch to generate: its index, the weight version it is generated from, and what `generate` needs."""
+
+    batch: int
+    version: int
+    work: Any
+
+
+class RolloutWorker:
+    """Runs `generate(weights, job)` for each submitted job on a thread of its own, in submission order."""
+
+    def __init__(self, generate: Callable[[Any, Job], Any]):
+        self._generate = generate
+        self._cond = threading.Condition()
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._versions: dict[int, Any] = {}
+        self._done: dict[int, Any] = {}
+        self._error: BaseException | None = None
+        self._closed = False
+        self._idle = 0.0                # seconds waited for weights since `waited_for_weights` last read them
+        self.generated = 0               # batches generated
+        self._thread = threading.Thread(target=self._loop, name="jaxcore-rollout", daemon=True)
+        self._thread.start()
+
+    def publish(self, version: int, weights: Any) -> None:
+        """Make `version`'s weights (already on the rollout devices) available to the jobs that need them."""
+        with self._cond:
+            self._versions[version] = weights
+            self._cond.notify_all()
+
+    def submit(self, job: Job) -> None:
+        """Queue a batch (after every batch submitted before it)."""
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
+
+    def put(self, batch: int, output: Any) -> None:
+        """A batch generated before (a checkpoint's), as if this worker had made it."""
+        with self._cond:
+            self._done[batch] = output
+            self._cond.notify_all()
+
+    def result(self, batch: int, *, remove: bool = False) -> Any:
+        """Batch `batch`'s output, waited for; a failure of the worker is raised here."""
+        with self._cond:
+            while batch not in self._done and self._error is None:
+                self._cond.wait()
+            if batch not in self._done:
+                raise self._error                  # type: ignore[misc]
+            return self._done.pop(batch) if remove else self._done[batch]
+
+    def holds(self, batch: int) -> bool:
+        """Whether `batch` is generated or queued."""
+        with self._cond:
+            return batch in self._done or any(job.batch == batch for job in self._jobs)
+
+    def waited_for_weights(self) -> float:
+        """Seconds the worker sat idle for want of published weights since the last call."""
+        with self._cond:
+            idle, self._idle = self._idle, 0.0
+            return idle
+
+    def close(self) -> None:
+        """Stop after the batch being generated (the queue is dropped)."""
+        with self._cond:
+            self._closed = True
+            self._jobs.clear()
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _next(self) -> tuple[Job, Any] | None:
+        """The next job and its weights, once both are there (None: closed); older versions are let go."""
+        with self._cond:
+            began = time.perf_counter()
+            while not self._closed and not (self._jobs and self._jobs[0].version in self._versions):
+                self._cond.wait()
+            self._idle += time.perf_counter() - began
+            if self._closed:
+                return None
+            job = self._jobs.popleft()
+            for old in [v for v in self._versions if v < job.version]:
+                del self._versions[old]
+            return job, self._versions[job.version]
+
+    def _loop(self) -> None:
+        while True:
+            taken = self._next()
+            if taken is None:
+                return
+            job, weights = taken
+            try:
+                output = self._generate(weights, job)
+            except BaseException as err:  # noqa: BLE001 -- raised on the main thread by `result`
+                with self._cond:
+                    self._error = err
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._done[job.batch] = output
+                self.generated += 1
+                self._cond.notify_all()

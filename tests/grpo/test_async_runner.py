@@ -1,0 +1,106 @@
+"""Asynchronous GRPO in one process (issue 53) on 8 simulated devices, 4 generating and 4 training: lag 0 is the
+synchronous run bit for bit, a stopped and resumed run is the straight one, weight syncs are counted (every weight
+once per sync, device to device), and every step logs its waits, its sync and TRL's staleness."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from cli_runs import final_params, grpo_args, run_cli
+
+from jaxcore.grpo.algorithm import GRPOAlgorithm
+from jaxcore.grpo.async_weights import WeightSync
+from jaxcore.hf.convert import read_safetensors
+from jaxcore.parallel import meshes
+
+ASYNC_METRICS = ("async/trainer_wait_s", "async/rollout_wait_s", "async/weight_sync_s", "async/weight_syncs",
+                 "async/weight_transfers", "sample/staleness_mean", "sample/staleness_max", "ratio")
+COMMON = ["train.eval_every=-1", "optimizer.schedule=constant"]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def same_run(a: Path, b: Path) -> None:
+    """Two runs' final weights bit for bit, and their logged losses and rewards."""
+    pa, pb = final_params(a), final_params(b)
+    for key in pa:
+        np.testing.assert_array_equal(pb[key], pa[key], err_msg=key)
+    for x, y in zip(records(a), records(b), strict=True):
+        keys = ("step", "loss", "reward", "grad_norm")
+        assert [x[k] for k in keys] == [y[k] for k in keys]
+
+
+def test_lag_zero_equals_the_synchronous_run_bit_for_bit(tiny_dir, tmp_path, capsys, monkeypatch):
+    """max_staleness 0 and a sync every step: batch k is generated from the weights after step k - 1, on the other
+    four devices, and trained with the async loss at ratio 1: the synchronous run (num_iterations 1) on the same
+    four training devices, generating there."""
+    model = tiny_dir("llama")
+    asynchronous, synchronous = tmp_path / "async", tmp_path / "sync"
+    code, err = run_cli(capsys, "grpo", *grpo_args(model, asynchronous, "train.epochs=3", *COMMON,
+                                                   "grpo.asynchronous.max_staleness=0"))
+    assert code == 0, err
+    monkeypatch.setattr(GRPOAlgorithm, "training_devices", lambda self: jax.devices()[:4])
+    assert run_cli(capsys, "grpo", *grpo_args(model, synchronous, "train.epochs=3", *COMMON))[0] == 0
+    same_run(synchronous, asynchronous)
+    assert any(not np.array_equal(a, b) for a, b in zip(final_params(asynchronous).values(),
+                                                         read_safetensors(model).values()))
+    rows = records(asynchronous)
+    assert [r["sample/staleness_max"] for r in rows] == [0.0, 0.0, 0.0]
+    assert [r["ratio"] for r in rows] == [1.0, 1.0, 1.0]
+
+
+def test_a_resumed_run_equals_the_straight_one(tiny_dir, tmp_path, capsys):
+    """max_staleness 1, a sync every 2 steps: stopped after 3 steps (between syncs: batch 3 of version 0 is stored as
+    generated, version 1's weights beside the train state, batches 4 and 5 generated again), then resumed."""
+    model = tiny_dir("llama")
+    common = [*COMMON, "train.checkpoint_every=1", "grpo.asynchronous.max_staleness=1",
+              "grpo.asynchronous.weight_sync_steps=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run_cli(capsys, "grpo", *grpo_args(model, straight, "train.epochs=6", *common))[0] == 0
+    assert run_cli(capsys, "grpo", *grpo_args(model, resumed, "train.epochs=3", *common))[0] == 0
+    assert run_cli(capsys, "grpo", "--resume", *grpo_args(model, resumed, "train.epochs=6", *common))[0] == 0
+    same_run(straight, resumed)
+    rows = records(straight)
+    for row in rows:
+        assert all(k in row for k in ASYNC_METRICS), [k for k in ASYNC_METRICS if k not in row]
+        assert row["async/trainer_wait_s"] >= 0 and row["async/rollout_wait_s"] >= 0
+    # versions: batches 0-3 from version 0, 4-5 from version 1; the trainer at version step // 2
+    assert [r["sample/staleness_max"] for r in rows] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert [r["async/weight_syncs"] for r in rows] == [0, 1, 1, 2, 2, 3]          # one per 2 steps
+    leaves = rows[1]["async/weight_transfers"]
+    assert leaves > 0 and [r["async/weight_transfers"] for r in rows] == [s * leaves for s in (0, 1, 1, 2, 2, 3)]
+
+
+def test_a_weight_sync_moves_every_weight_once_device_to_device(monkeypatch):
+    """Replicated training weights land replicated on the rollout devices with no array read back to the host."""
+    from jax._src.array import ArrayImpl
+
+    devices = jax.devices()
+    train, rollout = meshes.grpo_mesh(1, devices[:4]), meshes.grpo_mesh(1, devices[4:])
+    params = {"a": np.arange(12.0, dtype=np.float32).reshape(3, 4), "b": {"c": np.ones(5, np.int32)}}
+    placed = jax.device_put(params, meshes.replicated(train))
+    sync = WeightSync(rollout)
+
+    def no_host(self):
+        raise AssertionError("a weight went through the host")
+
+    monkeypatch.setattr(ArrayImpl, "_value", property(no_host))
+    copies = [sync.push(placed) for _ in range(2)]
+    monkeypatch.undo()
+    assert (sync.syncs, sync.transfers) == (2, 2 * 2)          # two weights, each once per sync
+    for copy in copies:
+        for x, y in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
+            assert x.sharding.device_set == set(devices[4:]) and x.sharding.is_fully_replicated
+            np.testing.assert_array_equal(np.asarray(x), y)
+
+
+def test_a_sharded_weight_is_refused_between_groups_of_other_sizes():
+    devices = jax.devices()
+    train = meshes.grpo_mesh(1, devices[:4])
+    sharded = jax.device_put(np.zeros((4, 2), np.float32), meshes.leading_axis(train, "data"))
+    with pytest.raises(ValueError, match="without a host round trip"):
+        WeightSync(meshes.grpo_mesh(1, devices[5:])).push({"w": sharded})
