@@ -9,6 +9,12 @@ reproducible, lag 0 with a sync every step is the synchronous run (`num_iteratio
 checkpoint keeps what `Schedule.checkpoint_plan` says (the batches generated from older versions as generated, the
 newest version's weights), so a resumed run equals a straight one.
 
+TRL's free-running mode (`mode: free_running`) lets each batch take the newest weights published when its generation
+starts; a batch more than `max_staleness` versions behind the trainer when its turn comes is dropped
+(`sample/dropped_stale_total`) and the next one taken, so batches follow the data order but epochs do not map to
+batches, and a run is not reproducible (nor a resumed run the straight one: a checkpoint keeps the newest weights
+and the data position, the batches in flight are generated again).
+
 Scoring and advantages run on the main thread, in epoch order, as in the synchronous run: reward functions see the
 same trainer state. Each step logs how long the trainer waited for its batch, how long the rollout waited for
 weights, the weight sync's seconds and count, and TRL's `sample/staleness_mean` / `max`.
@@ -77,7 +83,10 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self.sync = WeightSync(self.rollout_mesh)
         self.rollout_rest = self.sync.place(self.learner.rest)        # non-trainable state (e.g. rope tables)
         self.newest = (0, self.sync.place(self.learner.state.params))   # the newest version on the rollout devices
-        self.finished = 0              # epochs (= batches = optimizer steps, skipped ones included) done
+        self.finished = 0              # epochs (= optimizer steps, skipped ones included) done
+        self.free = a.mode == "free_running"
+        self.next_batch = 0            # the next batch to train (deterministic: = finished; free-running: past drops)
+        self.dropped = 0               # free-running: batches dropped as too stale (TRL's sample/dropped_stale_total)
         self.worker: RolloutWorker | None = None
         self._draw: Callable[[int], list[Example]] | None = None
         self._stored: dict[int, dict[str, np.ndarray]] = {}     # a checkpoint's generated batches, until resumed
@@ -87,7 +96,13 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         return device_groups(self.cfg)[0]
 
     def trains_on_rollout_logprobs(self) -> bool:
-        return self.cfg.grpo.asynchronous.max_staleness > 0 or self.cfg.grpo.asynchronous.weight_sync_steps > 1
+        a = self.cfg.grpo.asynchronous
+        return a.max_staleness > 0 or a.weight_sync_steps > 1 or a.mode == "free_running"
+
+    def _on_policy(self, batch: int) -> bool:
+        """Whether batch `batch` is trained by the very weights it was generated from (then without the sampler's
+        log-probs: ratio 1); never assumed in free-running mode."""
+        return not self.free and self.schedule.on_policy(batch)
 
     def examples_ahead(self, draw: Callable[[int], list[Example]]) -> None:
         self._draw = draw
@@ -113,7 +128,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         k, examples = job.batch, job.work
         return self.rollout.run(self._rollout_model(job.version, params), examples, key=self.rollout.epoch_key(k),
                                 generations=self.cfg.rollout.generations_per_prompt, row_sharding=self.rollout_rows,
-                                logprobs=not self.schedule.on_policy(k))
+                                logprobs=not self._on_policy(k))
 
     def _examples_of(self, batch: int, given: list[Example] | None = None) -> list[Example]:
         if given is not None:
@@ -127,17 +142,22 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self.worker = RolloutWorker(self._generate)
         self.worker.publish(*self.newest)
         for k, stored in sorted(self._stored.items()):
-            self.worker.put(k, self._restored_output(k, stored))
+            self.worker.put(k, self._restored_output(k, stored), self.schedule.generation_version(k))
         self._stored = {}
 
     def _submit(self, current: list[Example] | None = None) -> None:
         """Queue every batch the published weights can generate now (`Schedule.generatable`) and not yet queued,
-        within the run's epochs."""
-        stop = min(self.schedule.generatable(self.finished).stop, self.cfg.train.epochs)
-        for k in range(self.finished, stop):
+        within the run's epochs; free-running, the (max_staleness + 1) x weight_sync_steps batches from the next one
+        on, each to take the newest weights when it starts."""
+        a = self.cfg.grpo.asynchronous
+        if self.free:
+            stop = self.next_batch + (a.max_staleness + 1) * a.weight_sync_steps
+        else:
+            stop = min(self.schedule.generatable(self.finished).stop, self.cfg.train.epochs)
+        for k in range(self.next_batch, stop):
             if not self.worker.holds(k):
                 work = self._examples_of(k, current if k == self.finished else None)
-                self.worker.submit(Job(k, self.schedule.generation_version(k), work))
+                self.worker.submit(Job(k, None if self.free else self.schedule.generation_version(k), work))
 
     def _sync(self) -> float:
         """After a finished step: a weight sync every `weight_sync_steps` steps (TRL's), also where no batch of this
@@ -159,19 +179,32 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
             self._start()
         self._submit(examples)
         clock, began = PhaseClock(), time.perf_counter()
-        out = self.worker.result(epoch, remove=True)
+        trainer_version = self.schedule.trainer_version(epoch)
+        while True:                  # deterministic: batch `epoch`, once; free-running: the next fresh one
+            batch = self.next_batch
+            out = self.worker.result(batch)
+            version = self.worker.version_of(batch)
+            if trainer_version - version <= self.schedule.max_staleness:
+                break
+            self.worker.forget(batch)     # free-running only: the schedule keeps every batch within max_staleness
+            self.next_batch, self.dropped = batch + 1, self.dropped + 1
+            self._submit(examples)
         waited = time.perf_counter() - began
-        version = self.schedule.generation_version(epoch)
-        result = self.train_on(out, scorer, clock, began, rollout_logprobs=not self.schedule.on_policy(epoch))
-        self.finished = epoch + 1
+        # kept by the worker until trained: a stop signal that cuts this epoch's scoring short leaves it to the
+        # checkpoint of the epoch before
+        result = self.train_on(out, scorer, clock, began, rollout_logprobs=not self._on_policy(batch))
+        self.worker.forget(batch)
+        self.next_batch, self.finished = batch + 1, epoch + 1
         sync_seconds = self._sync()
         self._submit()                         # the new version's batches start while the runner logs
         result.metrics.update({
             "async/trainer_wait_s": waited, "async/rollout_wait_s": self.worker.waited_for_weights(),
             "async/weight_sync_s": sync_seconds, "async/weight_syncs": self.sync.syncs,
             "async/weight_transfers": self.sync.transfers, "async/version": version,
-            "sample/staleness_mean": float(self.schedule.staleness(epoch)),
-            "sample/staleness_max": float(self.schedule.staleness(epoch))})
+            "sample/staleness_mean": float(trainer_version - version),
+            "sample/staleness_max": float(trainer_version - version)})
+        if self.free:
+            result.metrics.update({"sample/dropped_stale_total": self.dropped, "async/batch": batch})
         return result
 
     # -- checkpoints -----------------------------------------------------------------------------------------
@@ -192,16 +225,19 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         batches = np.full(n, -1, np.int32)
         tokens, logprobs = np.zeros((n, rows, width), np.int32), np.zeros((n, rows, width), np.float32)
         lengths, ended = np.zeros((n, rows), np.int32), np.zeros((n, rows), np.int32)
-        for k in plan.stored:          # past the run's epochs (its end): generated now, for a run resumed longer
+        stored = () if self.free else plan.stored       # free-running: batches in flight are generated again
+        for k in stored:               # past the run's epochs (its end): generated now, for a run resumed longer
             if self.worker is not None and not self.worker.holds(k):
                 self.worker.submit(Job(k, self.schedule.generation_version(k), self._examples_of(k)))
-        for i, k in enumerate(plan.stored):
+        for i, k in enumerate(stored):
             r = self._stored[k] if k in self._stored else self._host(self.worker.result(k).result)
             batches[i] = k
             tokens[i], logprobs[i], lengths[i], ended[i] = r["tokens"], r["logprobs"], r["lengths"], r["finished"]
         version, params = self.newest
         assert version == plan.version, (version, plan.version)
         out["async"] = {"finished": np.asarray(self.finished, np.int64), "version": np.asarray(version, np.int64),
+                        "next_batch": np.asarray(self.next_batch, np.int64),
+                        "dropped": np.asarray(self.dropped, np.int64),
                         "rollout_params": self.learner.to_layer_layout(params), "batches": batches,
                         "tokens": tokens, "logprobs": logprobs, "lengths": lengths, "finished_rows": ended}
         return out
@@ -214,7 +250,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
         a = state["async"]
-        self.finished = int(a["finished"])
+        self.finished, self.next_batch, self.dropped = int(a["finished"]), int(a["next_batch"]), int(a["dropped"])
         self.newest = (int(a["version"]), self.sync.place(self.learner.to_training_layout(a["rollout_params"])))
         self._stored = {int(k): {"tokens": np.asarray(a["tokens"][i]), "logprobs": np.asarray(a["logprobs"][i]),
                                  "lengths": np.asarray(a["lengths"][i]),

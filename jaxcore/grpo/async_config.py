@@ -4,9 +4,9 @@ training, with TRL 1.16 AsyncGRPO's `max_staleness` and `weight_sync_steps` (iss
 
 In one process, `jaxcore.grpo.async_algorithm` runs the deterministic schedule (`jaxcore.grpo.async_schedule`) with
 TRL's loss (`jaxcore.grpo.async_loss`): generation on `rollout_devices` from a copy of the weights, training on the
-others, the weights synced device to device. What it does not run yet is refused in one line (`async_refusal`):
-the free-running mode, several processes, FSDP, LoRA, multi-turn rollouts, and the loss options TRL's
-asynchronous loss has not.
+others, the weights synced device to device, in either mode. What it does not run yet is refused in one line
+(`async_refusal`): several processes, FSDP, LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss
+has not.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ def async_refusal(cfg: Any, processes: int = 1) -> str | None:
     a, g = cfg.grpo.asynchronous, cfg.grpo
     if a is None:
         return None
-    if a.mode != "deterministic":
-        return (f"grpo.asynchronous.mode={a.mode} is not built yet (issue 53): only mode=deterministic runs "
-                "(reproducible, TRL's staleness fixed by the step)")
     if max(processes, cfg.distributed.num_processes) > 1 or cfg.distributed.coordinator:
         return "grpo.asynchronous runs in one process only: the multi-process layout is not built yet (issue 53)"
     if g.fsdp > 1:

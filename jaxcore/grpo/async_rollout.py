@@ -4,7 +4,9 @@ weight version the schedule names (`jaxcore.grpo.async_schedule`), while the mai
 The worker holds one version at a time: it takes version v's weights when its next batch needs them and lets the
 older ones go, so a version replaces the one before only once that one's batches are generated. What a batch
 generates depends only on its job (prompts, key, version), never on when it ran: the overlap is timing, the
-result is not. Idle seconds (no batch whose weights are published) are counted: the rollout's wait for weights.
+result is not. A job without a version (TRL's free-running mode) takes the newest published when it starts, so
+its result depends on timing (`version_of` says which it took). Idle seconds (no batch whose weights are
+published) are counted: the rollout's wait for weights.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One batch to generate: its index, the weight version it is generated from, and what `generate` needs."""
+    """One batch to generate: its index, the weight version it is generated from (None: the newest published when
+    it starts), and what `generate` needs."""
 
     batch: int
-    version: int
+    version: int | None
     work: Any
 
 
@@ -35,6 +38,7 @@ class RolloutWorker:
         self._jobs: collections.deque[Job] = collections.deque()
         self._versions: dict[int, Any] = {}
         self._done: dict[int, Any] = {}
+        self._made_with: dict[int, int] = {}     # the version each generated batch took
         self._error: BaseException | None = None
         self._closed = False
         self._idle = 0.0                # seconds waited for weights since `waited_for_weights` last read them
@@ -54,20 +58,32 @@ class RolloutWorker:
             self._jobs.append(job)
             self._cond.notify_all()
 
-    def put(self, batch: int, output: Any) -> None:
-        """A batch generated before (a checkpoint's), as if this worker had made it."""
+    def put(self, batch: int, output: Any, version: int) -> None:
+        """A batch generated before from `version` (a checkpoint's), as if this worker had made it."""
         with self._cond:
             self._done[batch] = output
+            self._made_with[batch] = version
             self._cond.notify_all()
 
-    def result(self, batch: int, *, remove: bool = False) -> Any:
+    def result(self, batch: int) -> Any:
         """Batch `batch`'s output, waited for; a failure of the worker is raised here."""
         with self._cond:
             while batch not in self._done and self._error is None:
                 self._cond.wait()
             if batch not in self._done:
                 raise self._error                  # type: ignore[misc]
-            return self._done.pop(batch) if remove else self._done[batch]
+            return self._done[batch]
+
+    def forget(self, batch: int) -> None:
+        """Let batch `batch`'s output go (trained, or dropped as too stale)."""
+        with self._cond:
+            self._done.pop(batch, None)
+            self._made_with.pop(batch, None)
+
+    def version_of(self, batch: int) -> int:
+        """The weight version batch `batch` was generated from (once generated)."""
+        with self._cond:
+            return self._made_with[batch]
 
     def holds(self, batch: int) -> bool:
         """Whether `batch` is generated or queued."""
@@ -92,15 +108,25 @@ class RolloutWorker:
         """The next job and its weights, once both are there (None: closed); older versions are let go."""
         with self._cond:
             began = time.perf_counter()
-            while not self._closed and not (self._jobs and self._jobs[0].version in self._versions):
+            while not self._closed and not self._ready():
                 self._cond.wait()
             self._idle += time.perf_counter() - began
             if self._closed:
                 return None
             job = self._jobs.popleft()
+            if job.version is None:
+                job = dataclasses.replace(job, version=max(self._versions))
             for old in [v for v in self._versions if v < job.version]:
                 del self._versions[old]
+            self._made_with[job.batch] = job.version
             return job, self._versions[job.version]
+
+    def _ready(self) -> bool:
+        """Whether the next job's weights are published (under the lock)."""
+        if not self._jobs:
+            return False
+        version = self._jobs[0].version
+        return bool(self._versions) if version is None else version in self._versions
 
     def _loop(self) -> None:
         while True:

@@ -64,8 +64,7 @@ def test_a_trainer_refuses_in_one_line_what_the_asynchronous_runner_does_not_run
     from jaxcore.api import GRPOTrainer
 
     GRPOTrainer(args=load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1"]))     # what runs
-    for overrides, match in ((["grpo.asynchronous.mode=free_running"], "mode=free_running is not built yet"),
-                             (["grpo.fsdp=2"], "grpo.fsdp=2 is not built yet"),
+    for overrides, match in ((["grpo.fsdp=2"], "grpo.fsdp=2 is not built yet"),
                              (["distributed.num_processes=2"], "runs in one process only"),
                              (["grpo.num_iterations=2"], "grpo.num_iterations=2 must be 1"),
                              (["grpo.beta=0.04"], "grpo.beta=0.04 is not part of TRL's asynchronous GRPO loss"),
@@ -76,8 +75,9 @@ def test_a_trainer_refuses_in_one_line_what_the_asynchronous_runner_does_not_run
             GRPOTrainer(args=cfg)
         assert "\n" not in str(err.value)
     trainer = GRPOTrainer(args=GRPOConfig())
-    trainer.args.grpo.asynchronous = AsyncOptions(mode="free_running")    # set after construction: train() checks
-    with pytest.raises(ConfigValueError, match="mode=free_running is not built yet"):
+    trainer.args.grpo.asynchronous = AsyncOptions()       # set after construction: train() checks
+    trainer.args.grpo.num_iterations = 2
+    with pytest.raises(ConfigValueError, match="grpo.num_iterations=2 must be 1"):
         trainer.train()
 
 
@@ -87,7 +87,7 @@ def test_jaxcore_grpo_in_a_refused_layout_is_one_line_and_writes_nothing(capsys,
     from jaxcore.grpo.async_config import async_refusal
 
     out = tmp_path / "run"
-    overrides = ("grpo.asynchronous.mode=free_running",)
+    overrides = ("grpo.asynchronous.max_staleness=1", "grpo.num_iterations=2")
     code, lines = run_cli(capsys, "grpo", *grpo_args(tmp_path / "no-model", out, *overrides))
     reason = async_refusal(load_config(GRPOConfig, None, list(overrides)))
     assert code == 2 and lines == [f"jaxcore grpo: error: {reason}"]

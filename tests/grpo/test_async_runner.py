@@ -104,3 +104,24 @@ def test_a_sharded_weight_is_refused_between_groups_of_other_sizes():
     sharded = jax.device_put(np.zeros((4, 2), np.float32), meshes.leading_axis(train, "data"))
     with pytest.raises(ValueError, match="without a host round trip"):
         WeightSync(meshes.grpo_mesh(1, devices[5:])).push({"w": sharded})
+
+
+def test_free_running_trains_only_batches_within_max_staleness(tiny_dir, tmp_path, capsys):
+    """TRL's free-running mode: each batch takes the newest weights when its generation starts and one staler than
+    max_staleness when its turn comes is dropped (counted); what is trained is never staler, and the data position
+    (the next batch) moves past the drops. Timing decides which batches those are: no run is compared bit for bit."""
+    model = tiny_dir("llama")
+    out = tmp_path / "free"
+    overrides = [*COMMON, "train.checkpoint_every=1", "grpo.asynchronous.mode=free_running",
+                 "grpo.asynchronous.max_staleness=0"]
+    code, err = run_cli(capsys, "grpo", *grpo_args(model, out, "train.epochs=3", *overrides))
+    assert code == 0, err
+    rows = records(out)
+    assert [r["sample/staleness_max"] for r in rows] == [0.0, 0.0, 0.0]
+    drops = [r["sample/dropped_stale_total"] for r in rows]
+    assert drops == sorted(drops) and all(r["async/batch"] == r["step"] - 1 + d for r, d in zip(rows, drops))
+    assert [r["async/weight_syncs"] for r in rows] == [1, 2, 3]
+    assert run_cli(capsys, "grpo", "--resume", *grpo_args(model, out, "train.epochs=4", *overrides))[0] == 0
+    resumed = records(out)[-1]
+    assert resumed["step"] == 4 and resumed["sample/staleness_max"] == 0.0
+    assert resumed["async/batch"] >= rows[-1]["async/batch"] + 1
