@@ -180,9 +180,9 @@ class AsyncGRPOConfig(FlatArguments):
 
 
 class AsyncGRPOTrainer(Trainer):
-    """TRL 1.16's `trl.experimental.async_grpo.AsyncGRPOTrainer`, argument for argument. Until it is wired to
-    jaxcore's asynchronous runner (`jaxcore grpo` with grpo.asynchronous), constructing it checks every argument and
-    then stops in one line."""
+    """TRL 1.16's `trl.experimental.async_grpo.AsyncGRPOTrainer`, argument for argument, on jaxcore's asynchronous
+    runner (`jaxcore.grpo.async_algorithm`: the job's `grpo.asynchronous`); what that runner does not run yet is one
+    line at construction (`jaxcore.grpo.async_config.async_refusal`)."""
 
     args_type, job_trainer_type = AsyncGRPOConfig, JobGRPOTrainer
     memory_settings = ("lower per_device_train_batch_size or num_generations (the completions generated at once), "
@@ -208,12 +208,6 @@ class AsyncGRPOTrainer(Trainer):
         job = super()._job_config(devices)
         job.grpo.lora = self.lora
         return job
-
-    def _job_trainer(self, devices: int) -> Any:
-        super()._job_trainer(devices)          # every argument and setting checked (one line each)
-        raise ValueError("AsyncGRPOTrainer: not wired to jaxcore's asynchronous runner yet (issue 53): `jaxcore grpo` "
-                         "with grpo.asynchronous runs it in one process; jaxcore.trl.GRPOTrainer trains "
-                         "synchronously")
 
     def _steps(self, job: Any, devices: int) -> tuple[int, int]:
         return 1, self.args.optimizer_steps(job.grpo.asynchronous.device_groups(devices)[1], self.train_rows)[1]
