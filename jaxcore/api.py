@@ -48,8 +48,9 @@ class _Trainer:
     takes_rollout_func = False
 
     @staticmethod
-    def algorithm_type() -> type[Algorithm]:
-        """The algorithm this trainer runs (imported on use, so `import jaxcore` stays light)."""
+    def algorithm_type(cfg: Any) -> type[Algorithm]:
+        """The algorithm this trainer runs with the job `cfg` (imported on use, so `import jaxcore` stays light); a
+        static method, since `jaxcore plan` asks the trainer's class."""
         raise NotImplementedError
 
     def __init__(self, model: Any = None, reward_funcs: RewardFuncs | None = None, train_dataset: Any = None,
@@ -134,9 +135,9 @@ class _Trainer:
             raise ValueError("a loaded model needs tokenizer= (a directory with the tokenizer files)")
         self.check_args()                              # the settings may have been edited since __init__
         try:
-            return run_training(self.args, self.algorithm_type(), resume, allow_changes, build_task=self.make_task,
-                                model=self.model, tokenizer_dir=self.tokenizer, tools=self.tools,
-                                environment_factory=self.environment_factory, observer=observer,
+            return run_training(self.args, self.algorithm_type(self.args), resume, allow_changes,
+                                build_task=self.make_task, model=self.model, tokenizer_dir=self.tokenizer,
+                                tools=self.tools, environment_factory=self.environment_factory, observer=observer,
                                 rollout_func=self.rollout_func, owner=self)
         except Exception as err:          # the lock is released and the checkpoints kept by the time it is here
             if is_out_of_memory(err):
@@ -169,7 +170,7 @@ class ESTrainer(_Trainer):
                        "needs")
 
     @staticmethod
-    def algorithm_type() -> type[Algorithm]:
+    def algorithm_type(cfg: Any) -> type[Algorithm]:
         from jaxcore.es.algorithm import EggrollAlgorithm  # lazy: the training stack loads on use
 
         return EggrollAlgorithm
@@ -184,9 +185,10 @@ class GRPOTrainer(_Trainer):
                        "once), rollout.max_new_tokens, raise grpo.gradient_accumulation_steps (smaller "
                        "micro-batches) or set model.remat=true; jaxcore plan shows what a config needs")
 
-    def algorithm_type(self) -> type[Algorithm]:  # type: ignore[override]
+    @staticmethod
+    def algorithm_type(cfg: Any) -> type[Algorithm]:
         """GRPO, or with `grpo.asynchronous` set, generation and training on disjoint device groups."""
-        if self.args.grpo.asynchronous is not None:
+        if cfg.grpo.asynchronous is not None:
             from jaxcore.grpo.async_algorithm import AsyncGRPOAlgorithm
 
             return AsyncGRPOAlgorithm

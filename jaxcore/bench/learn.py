@@ -245,7 +245,7 @@ def _jaxcore_run(method: str, seed: int, s: dict[str, Any], path: Path, dtype: s
     trainer = trainer_type(model=str(path), reward_funcs=[str(TASK_DIR / REWARD)],
                            train_dataset=read_rows("train.jsonl"), eval_dataset=held_out, args=cfg)
     task = trainer.make_task()
-    algorithm_type = trainer.algorithm_type()
+    algorithm_type = trainer.algorithm_type(cfg)
     compile_cache.enable(cfg.train.compilation_cache)
     model, _ = model_checkpoint.load_any(str(path), dtype, **algorithm_type.load_targets(cfg))
     tokenizer = tokenization.load_tokenizer(path)

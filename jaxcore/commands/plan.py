@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.json, kind="file", inputs=json_inputs, overwrite=args.overwrite, name="--json")
     trainer = trainer_type(args.config, args.overrides)
     cfg = load_config(trainer.config_type, args.config, args.overrides)
-    algorithm = trainer.algorithm_type()
+    algorithm = trainer.algorithm_type(cfg)
     if args.model_config:
         source = Path(args.model_config)
         hf = read_json_config(source) if source.is_file() else None

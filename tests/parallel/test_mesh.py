@@ -195,7 +195,7 @@ def recorded(monkeypatch):
             seen["eval_weights"].append({k: v for k, v in flat_state(model).items() if v.ndim == 2})
         return real_sample(rollout, model, *args, **kwargs)
 
-    monkeypatch.setattr(ESTrainer, "algorithm_type", staticmethod(lambda: Recorded))
+    monkeypatch.setattr(ESTrainer, "algorithm_type", staticmethod(lambda cfg: Recorded))
     monkeypatch.setattr(Rollout, "generate", sample)
     return seen
 
