@@ -1,6 +1,7 @@
 """Shared pytest setup: 8 simulated CPU devices, offline HF, and tiny local checkpoints."""
 
 import os
+import sys
 
 # Must happen before JAX initialises anywhere in the test process.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -53,7 +54,7 @@ def _release_compiled_programs():
     thousand tests otherwise fails in whatever test comes next ("Failed to materialize symbols", mmap ENOMEM).
     """
     yield
-    if "jax" in __import__("sys").modules and _mapped_regions() > MAP_BUDGET:
+    if "jax" in sys.modules and _mapped_regions() > MAP_BUDGET:
         import gc
 
         import jax
