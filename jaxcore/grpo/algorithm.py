@@ -115,7 +115,9 @@ class GRPOAlgorithm(Algorithm):
         self.rollout = rollout or Rollout(cfg.rollout, tokenizer, eos_token_ids=eos_token_ids, seed=cfg.train.seed)
         self.model_config = model.config
         self.mesh = meshes.grpo_mesh(cfg.grpo.fsdp, self.training_devices())
-        reason = self.layout_refusal(cfg, self.mesh.size)
+        # the training mesh's rows (GRPO's own check: a subclass's `layout_refusal` may count every device, as the
+        # asynchronous one does, which keeps some for generation)
+        reason = GRPOAlgorithm.layout_refusal(cfg, self.mesh.size)
         if reason:
             raise ValueError(reason)
         ref_path = cfg.grpo.ref_model_path

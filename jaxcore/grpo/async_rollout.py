@@ -39,6 +39,7 @@ class RolloutWorker:
         self._versions: dict[int, Any] = {}
         self._done: dict[int, Any] = {}
         self._made_with: dict[int, int] = {}     # the version each generated batch took
+        self._running: int | None = None         # the batch being generated
         self._error: BaseException | None = None
         self._closed = False
         self._idle = 0.0                # seconds waited for weights since `waited_for_weights` last read them
@@ -86,9 +87,10 @@ class RolloutWorker:
             return self._made_with[batch]
 
     def holds(self, batch: int) -> bool:
-        """Whether `batch` is generated or queued."""
+        """Whether `batch` is generated, being generated or queued."""
         with self._cond:
-            return batch in self._done or any(job.batch == batch for job in self._jobs)
+            return (batch == self._running or batch in self._done
+                    or any(job.batch == batch for job in self._jobs))
 
     def waited_for_weights(self) -> float:
         """Seconds the worker sat idle for want of published weights since the last call."""
@@ -119,6 +121,7 @@ class RolloutWorker:
             for old in [v for v in self._versions if v < job.version]:
                 del self._versions[old]
             self._made_with[job.batch] = job.version
+            self._running = job.batch
             return job, self._versions[job.version]
 
     def _ready(self) -> bool:
@@ -143,5 +146,6 @@ class RolloutWorker:
                 return
             with self._cond:
                 self._done[job.batch] = output
+                self._running = None
                 self.generated += 1
                 self._cond.notify_all()

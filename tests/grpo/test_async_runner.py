@@ -3,6 +3,7 @@ synchronous run bit for bit, a stopped and resumed run is the straight one, weig
 once per sync, device to device), and every step logs its waits, its sync and TRL's staleness."""
 
 import json
+import threading
 from pathlib import Path
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from cli_runs import final_params, grpo_args, run_cli
 
 from jaxcore.grpo.algorithm import GRPOAlgorithm
+from jaxcore.grpo.async_rollout import Job, RolloutWorker
 from jaxcore.grpo.async_weights import WeightSync
 from jaxcore.hf.convert import read_safetensors
 from jaxcore.parallel import meshes
@@ -51,6 +53,24 @@ def test_lag_zero_equals_the_synchronous_run_bit_for_bit(tiny_dir, tmp_path, cap
     rows = records(asynchronous)
     assert [r["sample/staleness_max"] for r in rows] == [0.0, 0.0, 0.0]
     assert [r["ratio"] for r in rows] == [1.0, 1.0, 1.0]
+
+
+def test_lag_zero_with_a_token_budget_equals_the_synchronous_run(tiny_dir, tmp_path, capsys, monkeypatch):
+    """grpo.token_budget (TRL AsyncGRPO's: rows of that many slots, a group split over rows where it does not fit)
+    with the asynchronous runner at lag 0: the synchronous run with the same budget, on the same four training
+    devices, bit for bit. The rollout devices are named (4 of 8): the training mesh's rows are checked against its
+    4 devices, not the whole layout again (which refused it: no device left to train among 4)."""
+    model = tiny_dir("llama")
+    budget = ["grpo.token_budget=24", "train.epochs=3", *COMMON]
+    asynchronous, synchronous = tmp_path / "async", tmp_path / "sync"
+    code, err = run_cli(capsys, "grpo", *grpo_args(model, asynchronous, *budget, "grpo.asynchronous.max_staleness=0",
+                                                   "grpo.asynchronous.rollout_devices=4"))
+    assert code == 0, err
+    monkeypatch.setattr(GRPOAlgorithm, "training_devices", lambda self: jax.devices()[:4])
+    code, err = run_cli(capsys, "grpo", *grpo_args(model, synchronous, *budget))
+    assert code == 0, err
+    same_run(synchronous, asynchronous)
+    assert [r["ratio"] for r in records(asynchronous)] == [1.0, 1.0, 1.0]
 
 
 def test_a_resumed_run_equals_the_straight_one(tiny_dir, tmp_path, capsys):
@@ -96,6 +116,32 @@ def test_a_weight_sync_moves_every_weight_once_device_to_device(monkeypatch):
         for x, y in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
             assert x.sharding.device_set == set(devices[4:]) and x.sharding.is_fully_replicated
             np.testing.assert_array_equal(np.asarray(x), y)
+
+
+def test_a_batch_being_generated_is_held():
+    """A batch the worker is generating counts as held, so the algorithm never queues it again: at max_staleness 2
+    such a second job could queue behind a newer version's batch, which lets its version go, and then wait for those
+    weights forever (the run hung)."""
+    started, release = threading.Event(), threading.Event()
+
+    def generate(weights, job):
+        started.set()
+        release.wait()
+        return job.batch, weights
+
+    worker = RolloutWorker(generate)
+    try:
+        worker.publish(0, "v0")
+        worker.submit(Job(0, 0, None))
+        assert started.wait(60)
+        assert worker.holds(0) and not worker.holds(1)
+        release.set()
+        assert worker.result(0) == (0, "v0") and worker.holds(0)
+        worker.forget(0)
+        assert not worker.holds(0) and worker.generated == 1
+    finally:
+        release.set()
+        worker.close()
 
 
 def test_a_sharded_weight_is_refused_between_groups_of_other_sizes():
