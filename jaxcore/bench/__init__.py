@@ -33,6 +33,8 @@ class BenchOptions:
     methods: tuple[str, ...] | None = None    # the learn suite: methods to run (None: all)
     eval_every_s: float | None = None         # the learn suite: seconds of training between evaluations
     png: str | None = None           # the learn suite: where its curves go (None: under workdir)
+    max_staleness: tuple[int, ...] | None = None   # the async suite: one asynchronous run per value (None: 1)
+    weight_sync_steps: int | None = None      # the async suite: weight_sync_steps of its runs (None: 1)
 
 
 # Shapes for the real-size presets (issue 12): batch/population 256, prompt 64, 256 new tokens.

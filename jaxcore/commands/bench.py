@@ -8,6 +8,7 @@ examples:
   jaxcore bench --suite qiu --preset smollm2-135m-instruct         # vs Qiu et al.'s full-rank ES loop
   jaxcore bench --suite learn --preset smollm2-135m-instruct --json docs/bench/cpu_learn.json   # reward per second
   jaxcore bench --suite compile --preset smollm2-135m              # making programs against depth (8/16/32 layers)
+  jaxcore bench --suite async --max-staleness 1,2 --json docs/bench/cpu_async.json   # async GRPO vs sync, 8 CPU devices
   jaxcore bench --suite gpu-compile --target h100 --json docs/bench/h100_gpu_compile.json   # no GPU needed
   jaxcore bench --suite gpu-compile --target a100-40 --devices 8 --preset qwen2.5-0.5b
 
@@ -24,6 +25,9 @@ at Qiu et al.'s settings, Qiu et al.'s loop and RFT through torchref, the same b
 process: best reward and time to threshold per method, the curves as a PNG; 6 methods x 2 seeds x 8 minutes by
 default, about 100 minutes),
 compile (seconds to trace, lower and compile the GRPO step, generation and an ES epoch at 8, 16 and 32 layers),
+async (the same GRPO job synchronously and asynchronously, grpo.asynchronous with 4 of 8 simulated CPU devices
+generating, each run a fresh process: tokens per second, the share of the time generation and training overlap,
+each side's idle share and the weight syncs),
 gpu-compile (the hot programs compiled for a named GPU on any host, with XLA's CUDA plugin from
 `make gpu-compile-install`: kernels per layer, collectives, per-device memory, the decode step against the HBM
 roofline; and the 8B ES and 1.5B GRPO plans against XLA's GPU memory).
@@ -33,8 +37,9 @@ from __future__ import annotations
 
 import argparse
 
-SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "learn", "compile", "gpu-compile")
+SUITES = ("generate", "es", "grpo", "rft", "trl", "qiu", "learn", "compile", "gpu-compile", "async")
 DEFAULT_SUITES = ("generate", "es", "grpo", "rft")
+MODULES = {"async": "async_overlap"}        # suites whose module is not the suite's name (async is a keyword)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "qiu_loop, rft (default: all)")
     parser.add_argument("--eval-every-s", type=float, default=None, metavar="S",
                         help="the learn suite: seconds of training between held-out evaluations (default: 60)")
+    parser.add_argument("--max-staleness", default=None, metavar="N,N",
+                        help="the async suite: one asynchronous run per max_staleness in this comma list (default: 1)")
+    parser.add_argument("--weight-sync-steps", type=int, default=None, metavar="N",
+                        help="the async suite: grpo.asynchronous.weight_sync_steps of its runs (default: 1)")
     parser.add_argument("--png", default=None, metavar="FILE",
                         help="the learn suite: the curves' PNG (default: WORKDIR/learn_reward_vs_time.png)")
 
@@ -97,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.preset not in presets:
         raise UserError(f"unknown --preset {args.preset!r}; choose from {', '.join(dict.fromkeys(presets))}")
     learn = learn_options(args) if "learn" in suites else {}
+    overlap = async_options(args) if "async" in suites else {}
     if args.json_path:       # refused before any suite runs; then rewritten (atomically) after each suite
         check_output(args.json_path, kind="file", overwrite=args.overwrite, name="--json")
     if "gpu-compile" in suites:               # the CUDA plugin loads without a driver; before JAX starts
@@ -114,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         jax.config.update("jax_default_matmul_precision", "highest")
     options = BenchOptions(preset=args.preset, family=args.family, dtype=dtype, quick=args.quick,
                            workdir=args.workdir, compilation_cache=args.compilation_cache, steps=args.steps,
-                           conversational=args.conversational, target=args.target, devices=args.devices, **learn)
+                           conversational=args.conversational, target=args.target, devices=args.devices, **learn,
+                           **overlap)
     results: dict = {"device": device_info(), "options": vars(options)}
 
     def write() -> None:
@@ -130,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'peaks':36s} {results['peaks']}", flush=True)
     for suite in suites:
         print(f"== {suite}", flush=True)
-        numbers = importlib.import_module(f"jaxcore.bench.{suite.replace('-', '_')}").run(options)
+        module = MODULES.get(suite, suite.replace("-", "_"))
+        numbers = importlib.import_module(f"jaxcore.bench.{module}").run(options)
         for key, value in numbers.items():
             print(f"{key:36s} {value}", flush=True)
         results.update({k: v for k, v in numbers.items() if k not in ("device", "options", "peaks")})
@@ -165,6 +177,21 @@ def learn_options(args: argparse.Namespace) -> dict:
     methods = check_methods(args.methods.split(",")) if args.methods is not None else None
     return {"budget_s": args.budget_s, "seeds": seeds, "methods": methods, "eval_every_s": args.eval_every_s,
             "png": args.png}
+
+
+def async_options(args: argparse.Namespace) -> dict:
+    """The async suite's options from the command line, checked before any work (one-line errors)."""
+    from jaxcore.errors import UserError
+
+    try:
+        staleness = tuple(int(s) for s in args.max_staleness.split(",")) if args.max_staleness is not None else None
+    except ValueError:
+        raise UserError(f"--max-staleness must be a comma list of integers, got {args.max_staleness!r}") from None
+    if staleness is not None and min(staleness) < 0:
+        raise UserError(f"--max-staleness must be >= 0, got {args.max_staleness}")
+    if args.weight_sync_steps is not None and args.weight_sync_steps < 1:
+        raise UserError(f"--weight-sync-steps must be >= 1, got {args.weight_sync_steps}")
+    return {"max_staleness": staleness, "weight_sync_steps": args.weight_sync_steps}
 
 
 def default_dtype(backend: str) -> str:

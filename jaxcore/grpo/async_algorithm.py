@@ -17,7 +17,10 @@ and the data position, the batches in flight are generated again).
 
 Scoring and advantages run on the main thread, in epoch order, as in the synchronous run: reward functions see the
 same trainer state. Each step logs how long the trainer waited for its batch, how long the rollout waited for
-weights, the weight sync's seconds and count, and TRL's `sample/staleness_mean` / `max`.
+weights, the weight sync's seconds and count, and TRL's `sample/staleness_mean` / `max`; and the timeline of the
+step (seconds since the process started, as `run_time`): when its batch's generation began and ended, and when the
+trainer's step on it (scoring, batch, update) began and ended, from which `jaxcore bench --suite async` measures
+how much generation and training overlap.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from jaxcore.model import layer_stack
 from jaxcore.parallel import meshes
 from jaxcore.rewards import Example, Scorer
 from jaxcore.runtime.algorithm import StepResult
-from jaxcore.runtime.programs import PhaseClock
+from jaxcore.runtime.programs import PhaseClock, process_start_time
 from jaxcore.runtime.rollout import Rollout, RolloutOutput
 
 
@@ -91,6 +94,9 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self._draw: Callable[[int], list[Example]] | None = None
         self._stored: dict[int, dict[str, np.ndarray]] = {}     # a checkpoint's generated batches, until resumed
         self._models: tuple[int, Any] = (-1, None)              # the rollout's model of one version (worker only)
+        started = process_start_time()
+        self._origin = time.perf_counter() - (0.0 if started is None else time.time() - started)
+        self._generated: dict[int, tuple[float, float]] = {}    # batch -> its generation's (began, ended)
 
     def training_devices(self) -> list[Any] | None:
         return device_groups(self.cfg)[0]
@@ -122,13 +128,20 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
             self._models = (version, layer_stack.unrolled(nnx.merge(self.learner.graphdef, params, self.rollout_rest)))
         return self._models[1]
 
+    def _now(self) -> float:
+        """The timeline's clock: seconds since the process started (monotonic)."""
+        return time.perf_counter() - self._origin
+
     def _generate(self, params: Any, job: Job) -> RolloutOutput:
         """Batch `job.batch` on the rollout devices (the worker's thread): its examples with its epoch's key, from
         its version's weights; the sampler's log-probs unless the batch is on-policy (its ratio is then 1)."""
         k, examples = job.batch, job.work
-        return self.rollout.run(self._rollout_model(job.version, params), examples, key=self.rollout.epoch_key(k),
-                                generations=self.cfg.rollout.generations_per_prompt, row_sharding=self.rollout_rows,
-                                logprobs=not self._on_policy(k))
+        began = self._now()
+        out = self.rollout.run(self._rollout_model(job.version, params), examples, key=self.rollout.epoch_key(k),
+                               generations=self.cfg.rollout.generations_per_prompt, row_sharding=self.rollout_rows,
+                               logprobs=not self._on_policy(k))
+        self._generated[k] = (began, self._now())       # `run` returns the generation waited for
+        return out
 
     def _examples_of(self, batch: int, given: list[Example] | None = None) -> list[Example]:
         if given is not None:
@@ -192,7 +205,9 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         waited = time.perf_counter() - began
         # kept by the worker until trained: a stop signal that cuts this epoch's scoring short leaves it to the
         # checkpoint of the epoch before
+        train_began = self._now()
         result = self.train_on(out, scorer, clock, began, rollout_logprobs=not self._on_policy(batch))
+        train_ended = self._now()
         self.worker.forget(batch)
         self.next_batch, self.finished = batch + 1, epoch + 1
         sync_seconds = self._sync()
@@ -203,9 +218,21 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
             "async/weight_transfers": self.sync.transfers, "async/version": version,
             "sample/staleness_mean": float(trainer_version - version),
             "sample/staleness_max": float(trainer_version - version)})
+        result.metrics.update(self._timeline(batch, train_began, train_ended))
         if self.free:
             result.metrics.update({"sample/dropped_stale_total": self.dropped, "async/batch": batch})
         return result
+
+    def _timeline(self, batch: int, train_began: float, train_ended: float) -> dict[str, float]:
+        """The step's timeline entries: its trainer interval, and its batch's generation interval (none for a batch
+        a checkpoint stored; free-running, dropped batches' generations are let go unlogged)."""
+        for k in [k for k in list(self._generated) if k < batch]:     # list(): the worker adds meanwhile
+            del self._generated[k]
+        out = {"async/train_began_s": train_began, "async/train_ended_s": train_ended}
+        generated = self._generated.pop(batch, None)
+        if generated is not None:
+            out.update({"async/generate_began_s": generated[0], "async/generate_ended_s": generated[1]})
+        return out
 
     # -- checkpoints -----------------------------------------------------------------------------------------
 
