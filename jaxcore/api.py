@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from jaxcore.config import schema
 from jaxcore.errors import ConfigValueError, is_out_of_memory, out_of_memory
 from jaxcore.es.config import ESConfig
-from jaxcore.grpo.async_config import async_refusal
+from jaxcore.grpo.async_config import across_processes, async_refusal
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.rewards.file_tasks import dataset_task
 from jaxcore.rewards.user_functions import task_with_rewards
@@ -188,6 +188,10 @@ class GRPOTrainer(_Trainer):
     @staticmethod
     def algorithm_type(cfg: Any) -> type[Algorithm]:
         """GRPO, or with `grpo.asynchronous` set, generation and training on disjoint device groups."""
+        if cfg.grpo.asynchronous is not None and across_processes(cfg):      # one process trains, one generates
+            from jaxcore.grpo.async_processes import AsyncGRPOAcrossProcesses
+
+            return AsyncGRPOAcrossProcesses
         if cfg.grpo.asynchronous is not None:
             from jaxcore.grpo.async_algorithm import AsyncGRPOAlgorithm
 

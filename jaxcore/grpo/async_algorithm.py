@@ -83,7 +83,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self.schedule = Schedule(a.max_staleness, a.weight_sync_steps)
         self.rollout_mesh = meshes.grpo_mesh(1, device_groups(cfg)[1])
         self.rollout_rows = meshes.leading_axis(self.rollout_mesh, self.learner.batch_axes)
-        self.sync = WeightSync(self.rollout_mesh)
+        self.sync = self._weight_sync()
         self.rollout_rest = self.sync.place(self.learner.rest)        # non-trainable state (e.g. rope tables)
         self.newest = (0, self.sync.place(self.learner.state.params))   # the newest version on the rollout devices
         self.finished = 0              # epochs (= optimizer steps, skipped ones included) done
@@ -100,6 +100,10 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
 
     def training_devices(self) -> list[Any] | None:
         return device_groups(self.cfg)[0]
+
+    def _weight_sync(self) -> WeightSync:
+        """What moves the weights to the rollout devices (in one process: `jax.device_put`)."""
+        return WeightSync(self.rollout_mesh)
 
     def trains_on_rollout_logprobs(self) -> bool:
         a = self.cfg.grpo.asynchronous
@@ -180,7 +184,8 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         if f % s:
             return 0.0
         self.newest = (f // s, self.sync.push(self.learner.state.params))
-        self.worker.publish(*self.newest)
+        if self.worker is not None:           # across processes the training process has none
+            self.worker.publish(*self.newest)
         return self.sync.seconds
 
     # -- one epoch -------------------------------------------------------------------------------------------

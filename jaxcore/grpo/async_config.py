@@ -4,9 +4,10 @@ training, with TRL 1.16 AsyncGRPO's `max_staleness` and `weight_sync_steps` (iss
 
 In one process, `jaxcore.grpo.async_algorithm` runs the deterministic schedule (`jaxcore.grpo.async_schedule`) with
 TRL's loss (`jaxcore.grpo.async_loss`): generation on `rollout_devices` from a copy of the weights, training on the
-others, the weights synced device to device, in either mode. What it does not run yet is refused in one line
-(`async_refusal`): several processes, FSDP, LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss
-has not.
+others, the weights synced device to device, in either mode. Over two processes (`jaxcore.grpo.async_processes`)
+one process trains and the other generates, on the deterministic schedule. What they do not run yet is refused in
+one line (`async_refusal`): more processes, or across processes free-running, checkpoints or held-out evaluation;
+FSDP, LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss has not.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ _LOSS_OFF = (("loss_type", "dapo"), ("importance_sampling_level", "token"), ("de
 
 def async_refusal(cfg: Any, processes: int = 1) -> str | None:
     """Why a `jaxcore grpo` job config with `grpo.asynchronous` set cannot run (one line), else None: what the
-    one-process runner of `jaxcore.grpo.async_algorithm` does not do yet, or what TRL's asynchronous GRPO has not
-    (`processes`: the run's processes, besides `distributed.num_processes`)."""
+    runners (`jaxcore.grpo.async_algorithm`, `jaxcore.grpo.async_processes`) do not do yet, or what TRL's
+    asynchronous GRPO has not (`processes`: the run's processes, besides `distributed.num_processes`)."""
     a, g = cfg.grpo.asynchronous, cfg.grpo
     if a is None:
         return None
-    if max(processes, cfg.distributed.num_processes) > 1 or cfg.distributed.coordinator:
-        return "grpo.asynchronous runs in one process only: the multi-process layout is not built yet (issue 53)"
+    if across_processes(cfg, processes):
+        reason = across_processes_refusal(cfg, max(processes, cfg.distributed.num_processes))
+        if reason:
+            return reason
     if g.fsdp > 1:
         return (f"grpo.asynchronous with grpo.fsdp={g.fsdp} is not built yet (issue 53): the weights move to the "
                 "rollout devices replicated; set grpo.fsdp=1")
@@ -55,6 +58,30 @@ def async_refusal(cfg: Any, processes: int = 1) -> str | None:
                 "are the raw logits', the loss's the tempered ones; only temperature 1 runs so far")
     if cfg.rollout.multi_turn:
         return "grpo.asynchronous with multi-turn rollouts (tools, environments) is not built yet (issue 53)"
+    return None
+
+
+def across_processes(cfg: Any, processes: int = 1) -> bool:
+    """Whether the run is a multi-process one (`distributed:`, or `processes` > 1): then one process trains and the
+    other generates (`jaxcore.grpo.async_processes`)."""
+    return max(processes, cfg.distributed.num_processes) > 1 or bool(cfg.distributed.coordinator)
+
+
+def across_processes_refusal(cfg: Any, processes: int) -> str | None:
+    """Why the two-process layout cannot run this job (one line), else None: it runs two processes, the
+    deterministic schedule, and neither checkpoints nor held-out evaluation yet."""
+    if processes != 2:
+        return (f"grpo.asynchronous across processes runs on two, one training and one generating, not "
+                f"{processes} (distributed.num_processes)")
+    if cfg.grpo.asynchronous.mode != "deterministic":
+        return ("grpo.asynchronous across processes runs the deterministic schedule only: mode "
+                f"{cfg.grpo.asynchronous.mode} is not built there yet (issue 53)")
+    if cfg.train.checkpoint_every != -1:
+        return ("grpo.asynchronous across processes keeps no checkpoint yet, so a run cannot be resumed (issue 53): "
+                "set train.checkpoint_every=-1")
+    if cfg.train.eval_every != -1:
+        return ("grpo.asynchronous across processes does not evaluate held-out prompts yet (issue 53): set "
+                "train.eval_every=-1")
     return None
 
 

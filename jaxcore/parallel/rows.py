@@ -13,6 +13,8 @@ import numpy as np
 def local_rows(array: jax.Array) -> tuple[np.ndarray, np.ndarray]:
     """(row indices, host values) of the rows of a row-sharded global array this process holds."""
     shards = sorted({s.index[0].start or 0: s for s in array.addressable_shards}.items())
+    if not shards:           # a process holding none of the rows (asynchronous GRPO's generating process)
+        return np.zeros(0, np.int64), np.zeros((0, *array.shape[1:]), array.dtype)
     rows = np.concatenate([np.arange(start, start + s.data.shape[0]) for start, s in shards])
     return rows, np.concatenate([np.asarray(s.data) for _, s in shards])
 

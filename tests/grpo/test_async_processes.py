@@ -1,0 +1,95 @@
+"""Asynchronous GRPO over two processes (issue 53): process 0 trains on its 4 CPU devices, process 1 generates on its
+4, gloo collectives on loopback (`async_two_processes.py`). The run equals the one-process asynchronous run on 8
+devices (4 training, 4 generating) under the same collectives bit for bit, at lag 0 and at lag 1 with a sync every 2
+steps: weights, losses and every logged metric. Every sync moves each weight once, by one collective-permute per
+weight in the compiled program, with no array read back to the host.
+
+The one-process run is made under gloo too (`jax.distributed` with one process): gloo sums a reduction over the
+training devices in another order than the in-process collectives, so a metric such as `kl` would differ in its last
+bit from a run without it (the weights and losses do not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_runs import final_params, grpo_args
+
+from jaxcore.hf.convert import read_safetensors
+
+ONE_LAYOUT = ["train.eval_every=-1", "train.checkpoint_every=-1", "optimizer.schedule=constant"]
+TIMINGS = ("timing/", "compile/", "time", "_s")      # when, and how long things took: not the run's values
+
+
+def values(rows: list[dict], keys: list[str]) -> list[list]:
+    """Each row's `keys` that are not timings."""
+    kept = [k for k in keys if not any(k.startswith(t) or k.endswith(t) for t in TIMINGS)]
+    return [[r.get(k) for k in kept] for r in rows]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def processes(out: Path, args: list[str], count: int) -> list[dict]:
+    """`jaxcore grpo ARGS` as `count` processes over 8 CPU devices, gloo collectives; what each saw."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // count}", "JAX_PLATFORMS": "cpu",
+           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    script = Path(__file__).with_name("async_two_processes.py")
+    seen = out.parent / f"{out.name}-seen"
+    seen.mkdir()
+    procs = [subprocess.Popen([sys.executable, str(script), str(seen), str(port), str(rank), str(count),
+                               json.dumps(args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(count)]
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=540)
+            assert proc.returncode == 0, err[-3000:]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail(f"the {count} process(es) did not finish in 540 s")
+    return [json.loads((seen / f"process{rank}.json").read_text()) for rank in range(count)]
+
+
+@pytest.mark.parametrize(("lag", "sync_steps", "epochs"), [(0, 1, 3), (1, 2, 4)])
+def test_two_processes_equal_the_one_process_run_bit_for_bit(tiny_dir, tmp_path, lag, sync_steps, epochs):
+    model = tiny_dir("llama")
+    overrides = [*ONE_LAYOUT, f"train.epochs={epochs}", f"grpo.asynchronous.max_staleness={lag}",
+                 f"grpo.asynchronous.weight_sync_steps={sync_steps}"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert processes(one, grpo_args(model, one, *overrides), 1)[0]["code"] == 0
+    seen = processes(two, grpo_args(model, two, *overrides), 2)
+
+    assert [p["code"] for p in seen] == [0, 0] and [p["local_devices"] for p in seen] == [4, 4]
+    a, b = final_params(one), final_params(two)
+    for key in a:
+        np.testing.assert_array_equal(b[key], a[key], err_msg=key)
+    assert any(not np.array_equal(x, y) for x, y in zip(b.values(), read_safetensors(model).values()))
+    rows_one, rows_two = records(one), records(two)
+    logged = sorted(rows_one[0])
+    assert {"loss", "reward", "grad_norm", "kl", "ratio", "entropy", "sample/staleness_max"} <= set(logged)
+    assert values(rows_two, logged) == values(rows_one, logged)
+    # the generating process logs what the training process measured (its runner stays in step)
+    assert values(records(two / "process1"), logged) == values(rows_two, logged)
+
+    syncs = [(step + 1) // sync_steps for step in range(epochs)]             # one per weight_sync_steps
+    assert [r["async/weight_syncs"] for r in rows_two] == syncs
+    assert [r["sample/staleness_max"] for r in rows_two] == [
+        float(k // sync_steps - max(0, k // sync_steps - lag)) for k in range(epochs)]
+    weights = rows_one[-1]["async/weight_transfers"] // syncs[-1]     # the one-process sync's weights per sync
+    assert weights > 0         # every weight once per sync, by one collective-permute each
+    assert [r["async/weight_transfers"] for r in rows_two] == [n * weights for n in syncs]
+    assert {r["async/weight_permutes"] for r in rows_two if r["async/weight_syncs"]} == {weights}
+    for process in seen:
+        assert process["syncs"] == [syncs[-1]] and process["transfers"] == [syncs[-1] * weights]
+        assert process["permutes"] == [weights] and process["host_reads"] == []
