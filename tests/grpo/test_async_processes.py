@@ -93,3 +93,19 @@ def test_two_processes_equal_the_one_process_run_bit_for_bit(tiny_dir, tmp_path,
     for process in seen:
         assert process["syncs"] == [syncs[-1]] and process["transfers"] == [syncs[-1] * weights]
         assert process["permutes"] == [weights] and process["host_reads"] == []
+
+
+def test_each_group_lies_on_one_process_and_the_groups_have_one_size():
+    from types import SimpleNamespace
+
+    from jaxcore.grpo.async_processes import process_roles
+    from jaxcore.grpo.async_transfer import ProcessSync
+
+    on = lambda *processes: [SimpleNamespace(process_index=p) for p in processes]      # noqa: E731
+    assert process_roles(on(0, 0), on(1, 1)) == (0, 1)
+    for train, rollout in ((on(0, 1), on(1, 1)), (on(0, 0), on(0, 0)), (on(0, 0), on(1, 2))):
+        with pytest.raises(ValueError, match="trains on one process and generates on the other") as err:
+            process_roles(train, rollout)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="groups of the same size: 3 training and 1 rollout devices"):
+        ProcessSync(on(0, 0, 0), on(1), None)
