@@ -12,9 +12,9 @@ Both processes run the `Runner` and this algorithm, in step: the same epochs, th
   by a collective-permute, counted in the compiled program.
 - The step's result (metrics, skipped or not) goes to both (`share`), so the two runners log, skip and stop alike.
 
-The run therefore equals the one-process asynchronous run on the same devices (4 + 4) bit for bit. Not built yet,
-each refused in one line (`async_refusal`): more processes, free-running mode, checkpoints (and so resuming) and
-held-out evaluation.
+The run therefore equals the one-process asynchronous run on the same devices (4 + 4) under the same collectives
+(gloo sums the training devices' partial sums in its own order) bit for bit. Not built yet, each refused in one line
+(`async_refusal`): more processes, free-running mode, checkpoints (and so resuming) and held-out evaluation.
 """
 
 from __future__ import annotations
