@@ -23,7 +23,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -164,14 +163,8 @@ def grpo_step_batch(learner: Any, w: Workload) -> Any:
     """An abstract `GRPOBatch` of `w.rows` rows of prompt + completion placed over the learner's batch axes, a
     prompt per group of `rollout.generations_per_prompt` rows, packed as prefix trees where the learner's `grpo`
     packs (as a run's batches are)."""
-    from jaxcore.grpo.step import GRPOBatch
-
-    length = w.prompt + w.new_tokens
     rows = NamedSharding(learner.mesh, P(learner.batch_axes))
-    ones = np.ones((w.rows, length), np.int32)
-    ids = ones * (np.arange(w.rows) // learner.cfg.rollout.generations_per_prompt)[:, None]
-    batch = GRPOBatch(ids, ones, ones[:, 1:], np.zeros(w.rows, np.float32), np.zeros(w.rows, bool),
-                      completion_start=w.prompt - 1)
+    batch = learner.placeholder_batch(w.rows, w.prompt, w.new_tokens)
     if learner.cfg.grpo.packs:
         batch = batch.replace(trees=learner.pack(batch))
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows), batch)
@@ -179,7 +172,7 @@ def grpo_step_batch(learner: Any, w: Workload) -> Any:
 
 def lower_grpo_step(learner: Any, w: Workload) -> list[Any]:
     """The learner's train step on `grpo_step_batch`."""
-    return [learner._step.lower(learner.abstract_state, None, grpo_step_batch(learner, w), jnp.float32(1.0), None)]
+    return [learner.lower_step(grpo_step_batch(learner, w), jnp.float32(1.0))]
 
 
 def es_masters(config: Any, mesh: Mesh, optimizer_name: str = "adam") -> tuple[Any, dict[str, Any], Any, Any]:

@@ -118,7 +118,7 @@ def grpo_plan_check(run: GRPORun = GRPORun()) -> dict[str, Any]:
     learner = gpu_compile.grpo_learner(config, mesh, "bfloat16", **{"rollout.generations_per_prompt": run.generations})
     work = gpu_compile.Workload(rows=rows, prompt=run.prompt_tokens, new_tokens=run.new_tokens)
     batch = gpu_compile.grpo_step_batch(learner, work)                # packed as the run's (prefix trees)
-    step, step_text = _stats(learner._step.lower(learner.abstract_state, None, batch, jnp.float32(1.0), None))
+    step, step_text = _stats(learner.lower_step(batch, jnp.float32(1.0)))
     held = step.argument_size_in_bytes - sum(map(_shard_bytes, jax.tree.leaves(batch)))   # masters, AdamW moments
     model = gpu_compile.placed_model(config, mesh, "bfloat16")
     generation = [_stats(x) for x in gpu_compile.lower_generate(model, mesh, work, meshes.DATA)]

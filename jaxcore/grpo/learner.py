@@ -323,14 +323,7 @@ class GRPOLearner:
         training on one makes none. Reads only shapes and shardings: safe on a background thread while the train
         state is in use. With several optimiser steps per rollout only the forwards are made (their split batches'
         layout is the step's first call's)."""
-        p, c = prompt_width, completion_width
-        ones = np.ones((rows, p + c), np.int32)
-        ids = ones * (np.arange(rows) // self.cfg.rollout.generations_per_prompt)[:, None]   # a prompt per group
-        batch = GRPOBatch(ids, ones, ones[:, 1:], np.zeros(rows, np.float32), np.zeros(rows, bool),
-                          completion_start=p - 1)
-        if rollout_logprobs:
-            batch = batch.replace(old_logp_BL=np.zeros((rows, p + c - 1), np.float32))
-        batch = self.shard(batch)
+        batch = self.shard(self.placeholder_batch(rows, prompt_width, completion_width, rollout_logprobs))
         params, frozen = self.abstract_state.params, _abstract(self.frozen)
 
         def score(*args: Any) -> jax.ShapeDtypeStruct:
@@ -353,7 +346,26 @@ class GRPOLearner:
         if self._uses_dropout():          # a key's small programs, on a step counter placed like the real one
             zero = jnp.zeros(step.shape, step.dtype)
             key = _abstract(self.dropout_key(zero if step.sharding is None else jax.device_put(zero, step.sharding)))
-        self._step.lower(self.abstract_state, frozen, _abstract(batch), _abstract(num_items), key).compile()
+        self.lower_step(_abstract(batch), _abstract(num_items), key).compile()
+
+    def placeholder_batch(self, rows: int, prompt_width: int, completion_width: int,
+                          rollout_logprobs: bool = False) -> GRPOBatch:
+        """A host batch of `rows` completions after `prompt_width` prompt columns, a prompt per group of
+        `rollout.generations_per_prompt` rows (so that it packs as a rollout's does): the programs made ahead of a
+        run, and the compile-only GPU suites, are made on it."""
+        p, c = prompt_width, completion_width
+        ones = np.ones((rows, p + c), np.int32)
+        ids = ones * (np.arange(rows) // self.cfg.rollout.generations_per_prompt)[:, None]   # a prompt per group
+        batch = GRPOBatch(ids, ones, ones[:, 1:], np.zeros(rows, np.float32), np.zeros(rows, bool),
+                          completion_start=p - 1)
+        if rollout_logprobs:
+            batch = batch.replace(old_logp_BL=np.zeros((rows, p + c - 1), np.float32))
+        return batch
+
+    def lower_step(self, batch: GRPOBatch, num_items: Any, key: Any = None) -> Any:
+        """The optimiser step lowered (not run) on a batch of abstract or real arrays, for the train state's
+        shapes and shardings."""
+        return self._step.lower(self.abstract_state, _abstract(self.frozen), batch, num_items, key)
 
     def step_batches(self, batch: GRPOBatch) -> tuple[list[GRPOBatch], jax.Array]:
         """A prepared rollout's optimiser-step batches (step k: rows k, k + K, ...) and their dapo
