@@ -95,6 +95,7 @@ class AsyncGRPOAcrossProcesses(AsyncGRPOAlgorithm):
         out = {**self._host(self.worker.result(epoch).result),
                "rollout_wait_s": np.array([self.worker.waited_for_weights()])}
         self.worker.forget(epoch)
+        self._generated.pop(epoch, None)      # its timeline is not handed over: logged in one process only
         return {k: np.asarray(v, dtype) for k, v in out.items() for dtype in [self._shapes()[k][1]]}
 
     def _output(self, examples: list[Example], batch: dict[str, np.ndarray]) -> RolloutOutput:
