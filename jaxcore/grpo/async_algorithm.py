@@ -217,16 +217,22 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self.next_batch, self.finished = batch + 1, epoch + 1
         sync_seconds = self._sync()
         self._submit()                         # the new version's batches start while the runner logs
-        result.metrics.update({
-            "async/trainer_wait_s": waited, "async/rollout_wait_s": self.worker.waited_for_weights(),
-            "async/weight_sync_s": sync_seconds, "async/weight_syncs": self.sync.syncs,
-            "async/weight_transfers": self.sync.transfers, "async/version": version,
-            "sample/staleness_mean": float(trainer_version - version),
-            "sample/staleness_max": float(trainer_version - version)})
+        result.metrics.update(self._async_metrics(epoch, version, waited, self.worker.waited_for_weights(),
+                                                  sync_seconds))
         result.metrics.update(self._timeline(batch, train_began, train_ended))
         if self.free:
             result.metrics.update({"sample/dropped_stale_total": self.dropped, "async/batch": batch})
         return result
+
+    def _async_metrics(self, epoch: int, version: int, waited: float, rollout_waited: float,
+                       sync_seconds: float) -> dict[str, float]:
+        """A step's waits, weight syncs and staleness (TRL's `sample/staleness_*`): epoch `epoch` trained on a batch
+        of weights version `version`."""
+        staleness = float(self.schedule.trainer_version(epoch) - version)
+        return {"async/trainer_wait_s": waited, "async/rollout_wait_s": rollout_waited,
+                "async/weight_sync_s": sync_seconds, "async/weight_syncs": self.sync.syncs,
+                "async/weight_transfers": self.sync.transfers, "async/version": version,
+                "sample/staleness_mean": staleness, "sample/staleness_max": staleness}
 
     def _timeline(self, batch: int, train_began: float, train_ended: float) -> dict[str, float]:
         """The step's timeline entries: its trainer interval, and its batch's generation interval (none for a batch

@@ -130,13 +130,9 @@ class AsyncGRPOAcrossProcesses(AsyncGRPOAlgorithm):
         if not self.trains:
             step = share(None, self.trainer)
             return StepResult(step["metrics"], skipped=step["skipped"], reason=step["reason"])
-        trainer_version, version = self.schedule.trainer_version(epoch), self.schedule.generation_version(epoch)
-        result.metrics.update({
-            "async/trainer_wait_s": waited, "async/rollout_wait_s": float(batch["rollout_wait_s"][0]),
-            "async/weight_sync_s": sync_seconds, "async/weight_syncs": self.sync.syncs,
-            "async/weight_transfers": self.sync.transfers, "async/weight_permutes": self.sync.permutes(),
-            "async/version": version, "sample/staleness_mean": float(trainer_version - version),
-            "sample/staleness_max": float(trainer_version - version)})
+        result.metrics.update({**self._async_metrics(epoch, self.schedule.generation_version(epoch), waited,
+                                                     float(batch["rollout_wait_s"][0]), sync_seconds),
+                               "async/weight_permutes": self.sync.permutes()})
         share({"metrics": {k: _plain(v) for k, v in result.metrics.items()}, "skipped": result.skipped,
                "reason": result.reason}, self.trainer)
         return result

@@ -49,6 +49,7 @@ class ProcessSync:
         self.generates = any(d.process_index == jax.process_index() for d in rollout_devices)
         self._local = WeightSync(rollout_mesh)
         self._program: Any = None          # compiled at the first sync
+        self._permutes = 0                 # its collective-permutes, read once from its HLO
         self.syncs = 0           # weight syncs done
         self.transfers = 0       # weights moved (each weight once per sync)
         self.seconds = 0.0       # the last sync's wall time (the copy waited for)
@@ -80,6 +81,7 @@ class ProcessSync:
         if self._program is None:
             self._program = jax.jit(jax.shard_map(_send, mesh=self.both, in_specs=(P(GROUP),), out_specs=P(GROUP))
                                     ).lower(slots).compile()
+            self._permutes = len(re.findall(r"\bcollective-permute(?:-start)?\(", self._program.as_text()))
         moved = jax.block_until_ready(self._program(slots))
         out = jax.tree.map(self._received, moved, params) if self.generates else None
         self.seconds = time.perf_counter() - began
@@ -89,9 +91,7 @@ class ProcessSync:
 
     def permutes(self) -> int:
         """The collective-permutes in the compiled sync program (one per weight; 0 before the first sync)."""
-        if self._program is None:
-            return 0
-        return len(re.findall(r"\bcollective-permute(?:-start)?\(", self._program.as_text()))
+        return self._permutes
 
 
 def hand_over(arrays: dict[str, np.ndarray] | None, like: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, Any]:
