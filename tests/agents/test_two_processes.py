@@ -5,35 +5,20 @@ both processes end with the same tokens; a TRL reward function reading `environm
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from processes import free_port, gloo_env, run_processes
 
 
 def test_each_process_runs_only_its_rows_environments_and_both_get_the_same_tokens(make_model, path, tmp_path):
     from jaxcore.hf.convert import save_hf
 
     model_dir = save_hf(make_model(), tmp_path / "scripted", tokenizer_dir=path)
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
-           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
     script = Path(__file__).with_name("two_processes.py")
-    procs = [subprocess.Popen([sys.executable, str(script), str(model_dir), str(tmp_path), str(port), str(rank)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        pytest.fail("the two processes did not finish in 300 s")
+    port = free_port()
+    run_processes([[sys.executable, str(script), str(model_dir), str(tmp_path), str(port), str(rank)]
+                   for rank in range(2)], gloo_env(2), timeout=300)
     seen = [json.loads((tmp_path / f"process{rank}.json").read_text()) for rank in range(2)]
 
     assert seen[0]["owned"] == [0, 1, 2, 3] and seen[1]["owned"] == [4, 5, 6, 7]     # rows over the 4 devices

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import es_args, run_cli
+from processes import jaxcore_processes
 
 FAST = ["train.checkpoint_every=1", "train.eval_every=-1", "train.export_hf=false"]
 
@@ -675,32 +676,6 @@ def _corrupt_last_chunk(step_dir: Path, array: str) -> str:
     return key
 
 
-def es_pair(model: Path, out: Path, *args: str, timeout: float = 120) -> list[tuple[int, str, str]]:
-    """`jaxcore es ARGS` as 2 processes x 2 CPU devices (gloo collectives on loopback), as test_runner's
-    `es_processes`; (exit code, stdout, stderr) of each. Both are killed after `timeout` s: processes that do
-    not agree wait on each other forever."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
-           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxcore.cli", "es", *args,
-                               f"distributed.coordinator=localhost:{port}", "distributed.num_processes=2",
-                               f"distributed.process_id={rank}"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    deadline, results = time.time() + timeout, []
-    try:
-        for proc in procs:
-            out_text, err_text = proc.communicate(timeout=max(1.0, deadline - time.time()))
-            results.append((proc.returncode, out_text, err_text))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        hung = [(proc.pid, proc.communicate()[1][-1500:]) for proc in procs]
-        pytest.fail(f"the two processes did not finish in {timeout:.0f} s: {hung}")
-    return results
-
-
 def test_processes_agree_on_a_corruption_only_one_of_them_reads(tiny_dir, tmp_path):
     """Two processes x two devices with the model axis across them (mesh.model=4): each process reads only
     its own columns of the embedding. One chunk of the newest checkpoint (columns 48:64, read by process 1
@@ -721,11 +696,11 @@ def test_processes_agree_on_a_corruption_only_one_of_them_reads(tiny_dir, tmp_pa
     straight = final_params(out)
     assert any(not np.array_equal(straight[k], read_safetensors(model)[k]) for k in straight)
     chunk = _corrupt_last_chunk(ckpt(out) / "1", "params.embed.table")     # its last columns: process 1's
-    results = es_pair(model, out, "--resume", *args)
-    for rank, (code, _, err) in enumerate(results):
-        assert code == 0, (rank, err[-2000:])
-        assert f"resumed from {ckpt(out)} at epoch 0" in err, (rank, err[-2000:])    # the same, older step
-    said = [line for _, _, err in results for line in err.splitlines() if "does not restore" in line]
+    # killed after 120 s: processes that do not agree wait on each other forever
+    results = jaxcore_processes("es", ["--resume", *args], processes=2, devices=2, timeout=120)
+    for rank, result in enumerate(results):
+        assert f"resumed from {ckpt(out)} at epoch 0" in result.stderr, (rank, result.stderr[-2000:])  # older step
+    said = [line for result in results for line in result.stderr.splitlines() if "does not restore" in line]
     assert len(said) == 2, said                       # each process says it, naming the one that saw it
     assert all("step 1 does not restore (process 1: arrays do not restore" in line and chunk in line
                for line in said), said

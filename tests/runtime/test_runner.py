@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_runs import TINY_RUN, es_args, final_params, run_cli  # noqa: F401  (shared with other tests)
+from processes import cpu_env, jaxcore_processes, start_process
 
 from jaxcore.cli import main
 from jaxcore.config.yaml_config import load_config
@@ -76,9 +77,7 @@ def test_config_file_and_overrides_compose(tmp_path):
 
 
 def spawn_es(model, out, *extra) -> subprocess.Popen:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen([sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, out, *extra)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_process([sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, out, *extra)], cpu_env(8))
 
 
 def finished_checkpoints(out: Path) -> list[int]:
@@ -307,39 +306,12 @@ def test_two_processes_equal_one_process_with_eight_devices(tiny_dir, tmp_path):
     args = ["train.epochs=2", "train.eval_every=2", "train.checkpoint_every=0"]
     single = tmp_path / "single"
     assert main(["es", *es_args(model, single, *args)]) == 0
-    port = 20000 + os.getpid() % 20000
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-               "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
-        cmd = [sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, tmp_path / "multi", *args),
-               f"distributed.coordinator=localhost:{port}", "distributed.num_processes=2",
-               f"distributed.process_id={rank}", "mesh.model=2"]      # 2 processes x 4 devices: pop=4, model=2
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
+    jaxcore_processes("es", [*es_args(model, tmp_path / "multi", *args), "mesh.model=2"], processes=2, devices=4,
+                      timeout=300)                      # 2 processes x 4 devices: pop=4, model=2
     one, two, start = final_params(single), final_params(tmp_path / "multi"), read_safetensors(model)
     assert any(not np.array_equal(one[k], start[k]) for k in one)
     for key in one:
         np.testing.assert_allclose(two[key], one[key], atol=1e-6, rtol=0, err_msg=key)
-
-
-def es_processes(model, out, args, processes: int, devices: int) -> list[subprocess.Popen]:
-    """`jaxcore es` as `processes` processes of `devices` CPU devices each (gloo collectives on loopback)."""
-    port = 20000 + (os.getpid() * 7 + processes) % 20000
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
-    procs = []
-    for rank in range(processes):
-        spread = [f"distributed.coordinator=localhost:{port}", f"distributed.num_processes={processes}",
-                  f"distributed.process_id={rank}"] if processes > 1 else []
-        cmd = [sys.executable, "-m", "jaxcore.cli", "es", *es_args(model, out, *args), *spread]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        _, err = proc.communicate(timeout=400)
-        assert proc.returncode == 0, err[-2000:]
-    return procs
 
 
 def test_model_axis_across_processes_scores_each_row_once(tiny_dir, tmp_path):
@@ -351,8 +323,8 @@ def test_model_axis_across_processes_scores_each_row_once(tiny_dir, tmp_path):
     rewards.write_text("def length(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n")
     args = ["train.epochs=2", "train.eval_every=-1", "train.checkpoint_every=0", "es.shaping=none", "mesh.model=4",
             "es.population=4", "optimizer.learning_rate=0.5", f"rewards.functions=[{rewards}:length]"]
-    es_processes(model, tmp_path / "one", args, processes=1, devices=4)
-    es_processes(model, tmp_path / "two", args, processes=2, devices=2)
+    jaxcore_processes("es", es_args(model, tmp_path / "one", *args), processes=1, devices=4, timeout=400)
+    jaxcore_processes("es", es_args(model, tmp_path / "two", *args), processes=2, devices=2, timeout=400)
 
     def logged(out: Path, key: str) -> list[float]:
         return [json.loads(line)[key] for line in (out / "metrics.jsonl").read_text().splitlines()
