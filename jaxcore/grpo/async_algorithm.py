@@ -36,7 +36,7 @@ from flax import nnx
 from jaxcore.grpo.algorithm import GRPOAlgorithm
 from jaxcore.grpo.async_config import async_refusal
 from jaxcore.grpo.async_rollout import Job, RolloutWorker
-from jaxcore.grpo.async_schedule import Schedule
+from jaxcore.grpo.async_schedule import CheckpointPlan, Schedule
 from jaxcore.grpo.async_weights import WeightSync
 from jaxcore.grpo.config import GRPOConfig
 from jaxcore.inference.generate import GenerationResult
@@ -257,6 +257,19 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         weights (per layer) and every untrained batch of an older version as generated (waited for)."""
         out = super().checkpoint_state()
         plan = self.schedule.checkpoint_plan(self.finished)
+        assert self.newest[0] == plan.version, (self.newest[0], plan.version)
+        out["async"] = {"finished": np.asarray(self.finished, np.int64), "version": np.asarray(plan.version, np.int64),
+                        "next_batch": np.asarray(self.next_batch, np.int64),
+                        "dropped": np.asarray(self.dropped, np.int64),
+                        "rollout_params": self._rollout_params(plan), **self._stored_batches(plan)}
+        return out
+
+    def _rollout_params(self, plan: CheckpointPlan) -> Any:
+        """The newest version's weights as a checkpoint keeps them: per layer, on the rollout devices."""
+        return self.learner.to_layer_layout(self.newest[1])
+
+    def _stored_batches(self, plan: CheckpointPlan) -> dict[str, np.ndarray]:
+        """`plan`'s batches stored as generated, in `_slots` slots (batch -1: an empty slot)."""
         rows, width = self.cfg.rollout.prompts_per_epoch * self.cfg.rollout.generations_per_prompt, \
             self.cfg.rollout.max_new_tokens
         n = self._slots()
@@ -271,14 +284,8 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
             r = self._stored[k] if k in self._stored else self._host(self.worker.result(k).result)
             batches[i] = k
             tokens[i], logprobs[i], lengths[i], ended[i] = r["tokens"], r["logprobs"], r["lengths"], r["finished"]
-        version, params = self.newest
-        assert version == plan.version, (version, plan.version)
-        out["async"] = {"finished": np.asarray(self.finished, np.int64), "version": np.asarray(version, np.int64),
-                        "next_batch": np.asarray(self.next_batch, np.int64),
-                        "dropped": np.asarray(self.dropped, np.int64),
-                        "rollout_params": self.learner.to_layer_layout(params), "batches": batches,
-                        "tokens": tokens, "logprobs": logprobs, "lengths": lengths, "finished_rows": ended}
-        return out
+        return {"batches": batches, "tokens": tokens, "logprobs": logprobs, "lengths": lengths,
+                "finished_rows": ended}
 
     @staticmethod
     def _host(result: GenerationResult) -> dict[str, np.ndarray]:
@@ -287,13 +294,24 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
 
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
-        a = state["async"]
+        self._restore_async(state["async"])
+
+    def _restore_async(self, a: dict[str, Any]) -> None:
+        """A checkpoint's asynchronous state: the schedule's position (and the weight syncs it took), the newest
+        version's weights on the rollout devices and the batches stored as generated (handed to the worker when it
+        starts)."""
         self.finished, self.next_batch, self.dropped = int(a["finished"]), int(a["next_batch"]), int(a["dropped"])
-        self.newest = (int(a["version"]), self.sync.place(self.learner.to_training_layout(a["rollout_params"])))
+        self.sync.syncs = self.finished // self.schedule.weight_sync_steps     # the run's so far, as logged
+        self.sync.transfers = self.sync.syncs * len(jax.tree.leaves(self.learner.state.params))
+        self.newest = (int(a["version"]), self._placed_rollout(a["rollout_params"]))
         self._stored = {int(k): {"tokens": np.asarray(a["tokens"][i]), "logprobs": np.asarray(a["logprobs"][i]),
                                  "lengths": np.asarray(a["lengths"][i]),
                                  "finished": np.asarray(a["finished_rows"][i])}
                         for i, k in enumerate(np.asarray(a["batches"])) if k >= 0}
+
+    def _placed_rollout(self, layer_params: Any) -> Any:
+        """A checkpoint's rollout weights (per layer) on the rollout devices, in the training layout."""
+        return self.sync.place(self.learner.to_training_layout(layer_params))
 
     def _restored_output(self, k: int, stored: dict[str, np.ndarray]) -> RolloutOutput:
         """A checkpoint's generated batch `k` as the worker would hand it over: its prompts encoded again (a pure

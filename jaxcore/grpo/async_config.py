@@ -5,9 +5,10 @@ training, with TRL 1.16 AsyncGRPO's `max_staleness` and `weight_sync_steps` (iss
 In one process, `jaxcore.grpo.async_algorithm` runs the deterministic schedule (`jaxcore.grpo.async_schedule`) with
 TRL's loss (`jaxcore.grpo.async_loss`): generation on `rollout_devices` from a copy of the weights, training on the
 others, the weights synced device to device, in either mode. Over two processes (`jaxcore.grpo.async_processes`)
-one process trains and the other generates, on the deterministic schedule. What they do not run yet is refused in
-one line (`async_refusal`): more processes, or across processes free-running, checkpoints or held-out evaluation;
-FSDP, LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss has not.
+one process trains and the other generates, on the deterministic schedule, with checkpoints, resuming and held-out
+evaluation as in one process. What they do not run yet is refused in one line (`async_refusal`): more processes, or
+across processes free-running; FSDP, LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss has
+not.
 """
 
 from __future__ import annotations
@@ -68,20 +69,14 @@ def across_processes(cfg: Any, processes: int = 1) -> bool:
 
 
 def across_processes_refusal(cfg: Any, processes: int) -> str | None:
-    """Why the two-process layout cannot run this job (one line), else None: it runs two processes, the
-    deterministic schedule, and neither checkpoints nor held-out evaluation yet."""
+    """Why the two-process layout cannot run this job (one line), else None: it runs two processes and the
+    deterministic schedule (checkpoints, resuming and held-out evaluation as in one process)."""
     if processes != 2:
         return (f"grpo.asynchronous across processes runs on two, one training and one generating, not "
                 f"{processes} (distributed.num_processes)")
     if cfg.grpo.asynchronous.mode != "deterministic":
         return ("grpo.asynchronous across processes runs the deterministic schedule only: mode "
                 f"{cfg.grpo.asynchronous.mode} is not built there yet (issue 53)")
-    if cfg.train.checkpoint_every != -1:
-        return ("grpo.asynchronous across processes keeps no checkpoint yet, so a run cannot be resumed (issue 53): "
-                "set train.checkpoint_every=-1")
-    if cfg.train.eval_every != -1:
-        return ("grpo.asynchronous across processes does not evaluate held-out prompts yet (issue 53): set "
-                "train.eval_every=-1")
     return None
 
 

@@ -78,10 +78,7 @@ class ProcessSync:
         generating process gets the weights on its rollout mesh; the training process None."""
         began = time.perf_counter()
         slots = jax.tree.map(self._slots, params)
-        if self._program is None:
-            self._program = jax.jit(jax.shard_map(_send, mesh=self.both, in_specs=(P(GROUP),), out_specs=P(GROUP))
-                                    ).lower(slots).compile()
-            self._permutes = len(re.findall(r"\bcollective-permute(?:-start)?\(", self._program.as_text()))
+        self._compile(slots)
         moved = jax.block_until_ready(self._program(slots))
         out = jax.tree.map(self._received, moved, params) if self.generates else None
         self.seconds = time.perf_counter() - began
@@ -89,17 +86,28 @@ class ProcessSync:
         self.transfers += len(jax.tree.leaves(params))
         return out
 
+    def prepare(self, params: Any) -> None:
+        """Compile the sync program for weights shaped as `params` before the first sync (a resumed run: its
+        collective-permutes are counted from the first step, as in the straight run)."""
+        self._compile(jax.tree.map(self._slots, params))
+
+    def _compile(self, slots: Any) -> None:
+        if self._program is None:
+            self._program = jax.jit(jax.shard_map(_send, mesh=self.both, in_specs=(P(GROUP),), out_specs=P(GROUP))
+                                    ).lower(slots).compile()
+            self._permutes = len(re.findall(r"\bcollective-permute(?:-start)?\(", self._program.as_text()))
+
     def permutes(self) -> int:
         """The collective-permutes in the compiled sync program (one per weight; 0 before the first sync)."""
         return self._permutes
 
 
-def hand_over(arrays: dict[str, np.ndarray] | None, like: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, Any]:
-    """A generated batch from the generating process (`arrays`) to every process (a collective); the others give
-    None and the shape and dtype of each array (`like`)."""
+def hand_over(arrays: Any | None, like: Any) -> Any:
+    """Host arrays (a tree) from the one process that has them (`arrays`) to every process (a collective); the
+    others give None and `like`, a tree of the same structure whose leaves have each array's shape and dtype."""
     from jax.experimental import multihost_utils
 
-    local = arrays if arrays is not None else {k: np.zeros(shape, dtype) for k, (shape, dtype) in like.items()}
+    local = arrays if arrays is not None else jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like)
     return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(local, is_source=arrays is not None))
 
 

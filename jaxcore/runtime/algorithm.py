@@ -12,6 +12,7 @@ import abc
 import dataclasses
 from typing import Any, ClassVar
 
+from jaxcore.runtime.evaluation import evaluate
 from jaxcore.runtime.memory import MemoryPlan
 
 
@@ -87,6 +88,13 @@ class Algorithm(abc.ABC):
     def eval_model(self) -> Any:
         """The model held-out evaluation generates with."""
         return self.model
+
+    def evaluate(self, examples: list[Any], scorer: Any, *, batch_size: int, samples_per_prompt: int = 0
+                 ) -> dict[str, Any]:
+        """Held-out evaluation of `eval_model` on `examples` (`jaxcore.runtime.evaluation.evaluate`), on every
+        process alike (asynchronous GRPO over two processes: one generates, both score)."""
+        return evaluate(self.eval_model(), examples, scorer, self.rollout, batch_size=batch_size,
+                        row_sharding=self.eval_sharding, samples_per_prompt=samples_per_prompt)
 
     def prepare(self, upcoming: list[list[Any]]) -> None:
         """Make, beside the current work, the programs the epochs to come will need: `upcoming` holds their

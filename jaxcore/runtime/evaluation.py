@@ -3,6 +3,7 @@ seed, one greedy completion each (or several sampled ones), scored."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -17,6 +18,18 @@ from jaxcore.runtime.rollout import Rollout, function_means
 EVAL_SEED = 0          # the held-out examples are drawn with this seed, whatever train.seed is
 
 
+def eval_batches(examples: list[Example], batch_size: int, row_sharding: Any = None, samples_per_prompt: int = 0
+                 ) -> Iterator[tuple[int, list[Example], jax.Array | None]]:
+    """`evaluate`'s batches, in order: (how many examples the batch has, its rows: those examples padded with the
+    last one to a multiple of the row shards, its sampling key: None for greedy completions)."""
+    if samples_per_prompt:
+        examples = [e for e in examples for _ in range(samples_per_prompt)]
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        key = jax.random.fold_in(jax.random.key(EVAL_SEED), start) if samples_per_prompt else None
+        yield len(chunk), chunk + chunk[-1:] * (-len(chunk) % row_shards(row_sharding)), key
+
+
 def evaluate(model: Any, examples: list[Example], scorer: Scorer, rollout: Rollout, *, batch_size: int,
              row_sharding: Any = None, samples_per_prompt: int = 0) -> dict[str, Any]:
     """Completions for held-out examples, scored: mean reward, per-function means, samples. One greedy completion
@@ -28,18 +41,13 @@ def evaluate(model: Any, examples: list[Example], scorer: Scorer, rollout: Rollo
     `batch_size` rows per batch. With `row_sharding` (e.g. rows over a mesh axis, or replicated over a
     multi-process mesh) the batch lives on that mesh.
     """
-    if samples_per_prompt:
-        examples = [e for e in examples for _ in range(samples_per_prompt)]
     rewards: list[np.ndarray] = []
     per_function: dict[str, list[np.ndarray]] = {name: [] for name in [*scorer.reward_fns, *rollout.reward_names]}
     episode_metrics: list[dict[str, float]] = []
     logged: dict[str, list[float]] = {}                 # the reward functions' log_metric means, per batch (TRL's)
     samples: list[dict[str, str]] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        count = len(chunk)
-        rows = chunk + chunk[-1:] * (-count % row_shards(row_sharding))   # a multiple of the row shards
-        key = jax.random.fold_in(jax.random.key(EVAL_SEED), start) if samples_per_prompt else None
+    for count, rows, key in eval_batches(examples, batch_size, row_sharding, samples_per_prompt):
+        chunk = rows[:count]
         out = rollout.run(model, rows, key=key, row_sharding=row_sharding, logprobs=False)
         scores = rollout.score(out, scorer, padding_from=count)
         episode_metrics.append(out.metrics)

@@ -39,7 +39,7 @@ from jaxcore.rewards.types import TrainerState
 from jaxcore.runtime.algorithm import Algorithm
 from jaxcore.runtime.checkpoint import TrainCheckpointer
 from jaxcore.runtime.completions import print_completions, write_completions
-from jaxcore.runtime.evaluation import EVAL_SEED, evaluate
+from jaxcore.runtime.evaluation import EVAL_SEED
 from jaxcore.runtime.metrics import MetricsLogger, import_plotting_beside, plot_rewards, read_metrics
 from jaxcore.runtime.programs import ledger, process_start_time
 from jaxcore.runtime.run_guard import check_resume_compatible, data_fingerprint
@@ -162,9 +162,8 @@ class Runner:
 
     def _evaluate(self, scorer: Scorer) -> dict[str, Any]:
         t = self.cfg.train
-        model = self.algorithm.eval_model()
-        return evaluate(model, self.eval_examples, scorer, self.algorithm.rollout, batch_size=t.eval_batch_size,
-                        row_sharding=self.algorithm.eval_sharding, samples_per_prompt=t.eval_samples_per_prompt)
+        return self.algorithm.evaluate(self.eval_examples, scorer, batch_size=t.eval_batch_size,
+                                       samples_per_prompt=t.eval_samples_per_prompt)
 
     def run(self, resume: bool = False, allow_changes: bool = False) -> dict[str, Any]:
         """Train; returns a summary (first/last eval reward, epochs run, stop reason)."""

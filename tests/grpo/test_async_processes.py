@@ -6,7 +6,10 @@ weight in the compiled program, with no array read back to the host.
 
 The one-process run is made under gloo too (`jax.distributed` with one process): gloo sums a reduction over the
 training devices in another order than the in-process collectives, so a metric such as `kl` would differ in its last
-bit from a run without it (the weights and losses do not)."""
+bit from a run without it (the weights and losses do not).
+
+A two-process run stopped after a checkpoint and resumed equals the straight one bit for bit, and held-out
+evaluation equals the one-process run's."""
 
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def processes(out: Path, args: list[str], count: int) -> list[dict]:
            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
     script = Path(__file__).with_name("async_two_processes.py")
     seen = out.parent / f"{out.name}-seen"
-    seen.mkdir()
+    seen.mkdir(exist_ok=True)          # a resumed run's processes write theirs over the first run's
     procs = [subprocess.Popen([sys.executable, str(script), str(seen), str(port), str(rank), str(count),
                                json.dumps(args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(count)]
@@ -93,6 +96,50 @@ def test_two_processes_equal_the_one_process_run_bit_for_bit(tiny_dir, tmp_path,
     for process in seen:
         assert process["syncs"] == [syncs[-1]] and process["transfers"] == [syncs[-1] * weights]
         assert process["permutes"] == [weights] and process["host_reads"] == []
+
+
+def test_two_processes_stopped_and_resumed_equal_the_straight_run_bit_for_bit(tiny_dir, tmp_path):
+    """Lag 1, a sync every 2 steps, a checkpoint every step: stopped after 3 steps (between syncs: batch 3 of version
+    0 stored as generated and version 1's weights beside the train state, both from the generating process; batches
+    4 and 5 generated again), then resumed for 6: the straight two-process run bit for bit, weights, losses and every
+    logged metric but timings, on both processes."""
+    model = tiny_dir("llama")
+    common = ["train.eval_every=-1", "train.checkpoint_every=1", "optimizer.schedule=constant",
+              "grpo.asynchronous.max_staleness=1", "grpo.asynchronous.weight_sync_steps=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert [p["code"] for p in processes(straight, grpo_args(model, straight, "train.epochs=6", *common), 2)] == [0, 0]
+    assert [p["code"] for p in processes(resumed, grpo_args(model, resumed, "train.epochs=3", *common), 2)] == [0, 0]
+    assert sorted(int(p.name) for p in (resumed / "checkpoints").iterdir()) == [0, 1, 2]
+    again = processes(resumed, ["--resume", *grpo_args(model, resumed, "train.epochs=6", *common)], 2)
+    assert [p["code"] for p in again] == [0, 0]
+
+    a, b = final_params(straight), final_params(resumed)
+    for key in a:
+        np.testing.assert_array_equal(b[key], a[key], err_msg=key)
+    rows = records(straight)
+    logged = sorted(rows[0])
+    assert [r["step"] for r in records(resumed)] == [1, 2, 3, 4, 5, 6]
+    assert values(records(resumed), logged) == values(rows, logged)
+    assert values(records(resumed / "process1"), logged) == values(rows, logged)
+    assert [r["sample/staleness_max"] for r in rows] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_held_out_evaluation_across_processes_equals_the_one_process_run(tiny_dir, tmp_path):
+    """Held-out evaluation before training and every step: the training process generates on its devices, both
+    processes score; the eval metrics (and everything else logged) equal the one-process run's, on both processes."""
+    model = tiny_dir("llama")
+    overrides = ["train.eval_every=1", "train.checkpoint_every=-1", "optimizer.schedule=constant", "train.epochs=2",
+                 "grpo.asynchronous.max_staleness=1", "grpo.asynchronous.weight_sync_steps=2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert processes(one, grpo_args(model, one, *overrides), 1)[0]["code"] == 0
+    assert [p["code"] for p in processes(two, grpo_args(model, two, *overrides), 2)] == [0, 0]
+
+    rows_one = records(one)
+    logged = sorted(set().union(*rows_one))
+    evaluated = [k for k in logged if k.startswith("eval/")]
+    assert "eval/reward" in evaluated and [r["step"] for r in rows_one if "eval/reward" in r] == [0, 1, 2]
+    assert values(records(two), logged) == values(rows_one, logged)
+    assert values(records(two / "process1"), logged) == values(rows_one, logged)
 
 
 def test_each_group_lies_on_one_process_and_the_groups_have_one_size():
