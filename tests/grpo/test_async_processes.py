@@ -14,15 +14,13 @@ evaluation equals the one-process run's."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_runs import final_params, grpo_args
+from processes import free_port, gloo_env, run_processes
 
 from jaxcore.hf.convert import read_safetensors
 
@@ -42,25 +40,11 @@ def records(out: Path) -> list[dict]:
 
 def processes(out: Path, args: list[str], count: int) -> list[dict]:
     """`jaxcore grpo ARGS` as `count` processes over 8 CPU devices, gloo collectives; what each saw."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // count}", "JAX_PLATFORMS": "cpu",
-           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
-    script = Path(__file__).with_name("async_two_processes.py")
+    port, script = free_port(), Path(__file__).with_name("async_two_processes.py")
     seen = out.parent / f"{out.name}-seen"
-    seen.mkdir(exist_ok=True)          # a resumed run's processes write theirs over the first run's
-    procs = [subprocess.Popen([sys.executable, str(script), str(seen), str(port), str(rank), str(count),
-                               json.dumps(args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(count)]
-    try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=540)
-            assert proc.returncode == 0, err[-3000:]
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        pytest.fail(f"the {count} process(es) did not finish in 540 s")
+    seen.mkdir()
+    run_processes([[sys.executable, str(script), str(seen), str(port), str(rank), str(count), json.dumps(args)]
+                   for rank in range(count)], gloo_env(8 // count), timeout=540)
     return [json.loads((seen / f"process{rank}.json").read_text()) for rank in range(count)]
 
 
