@@ -42,7 +42,9 @@ def processes(out: Path, args: list[str], count: int) -> list[dict]:
     """`jaxcore grpo ARGS` as `count` processes over 8 CPU devices, gloo collectives; what each saw."""
     port, script = free_port(), Path(__file__).with_name("async_two_processes.py")
     seen = out.parent / f"{out.name}-seen"
-    seen.mkdir()
+    seen.mkdir(exist_ok=True)          # a resumed run's processes write theirs over the first run's
+    for old in seen.glob("process*.json"):
+        old.unlink()
     run_processes([[sys.executable, str(script), str(seen), str(port), str(rank), str(count), json.dumps(args)]
                    for rank in range(count)], gloo_env(8 // count), timeout=540)
     return [json.loads((seen / f"process{rank}.json").read_text()) for rank in range(count)]
