@@ -256,15 +256,16 @@ def test_cli_resume_reshards_onto_another_mesh(cli_runs, tmp_path, recorded):
 def test_cli_resume_on_four_devices(cli_runs, tmp_path):
     """The (pop=8, model=1) checkpoint written on 8 devices resumes in a process with 4 devices on
     (pop=1, model=4): same parameters as the straight run."""
-    import os
     import shutil
     import subprocess
     import sys
 
+    from processes import cpu_env
+
     model, root, straight = cli_runs
     out = tmp_path / "four"
     shutil.copytree(root / "half", out)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = cpu_env(4)
     cmd = [sys.executable, "-m", "jaxcore.cli", "es", "--resume", f"model.path={model}", f"train.out_dir={out}",
            *CLI_RUN, "train.epochs=4", "mesh.model=4", "mesh.shard_min_size=1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
