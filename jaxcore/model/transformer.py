@@ -221,9 +221,7 @@ class LayerStack(nnx.Module):
         if self.body is None:
             return [self.last]
         graphdef, state = nnx.split(self.body)
-        count = jax.tree.leaves(state)[0].shape[0]
-        return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: layer_of(x, i), state)) for i in range(count)] + [
-            self.last]
+        return [nnx.merge(graphdef, layer) for layer in _layers_of(state)] + [self.last]
 
 
 def stack_layers(*xs: Any) -> Any:
@@ -238,6 +236,14 @@ def layer_of(x_L: Array, layer: int) -> Array:
     """Layer `layer` of a stacked array: a slice at a dynamic index, so that called outside a trace every layer
     runs the same small compiled program (one per shape) rather than one program per layer."""
     return _layer_at(x_L, np.int32(layer))
+
+
+@jax.jit
+def _layers_of(state_L: Any) -> list[Any]:
+    """Every layer of a tree of stacked arrays, in one compiled program (one dispatch for the whole stack, where a
+    slice per array and layer would be one each: the rollout takes a per-layer view of the weights every step)."""
+    count = jax.tree.leaves(state_L)[0].shape[0]
+    return [jax.tree.map(lambda x_L, i=i: x_L[i], state_L) for i in range(count)]
 
 
 @jax.jit

@@ -12,8 +12,9 @@ from flax import nnx
 import jaxcore
 from jaxcore.hf.tiny import write_tiny_checkpoint
 from jaxcore.model import layer_stack
-from jaxcore.model.state import flat_state
+from jaxcore.model.state import flat_state, module_copy
 from jaxcore.model.transformer import KVCache, layer_kinds
+from tests.compile_log import CompiledPrograms, jax_compile_log
 
 # Gemma 3 with sliding and global layers in the scanned body (layers 0-5) and a sliding last layer
 GEMMA_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention",
@@ -74,6 +75,26 @@ def test_remat_and_the_moves_between_layouts(seven_layers):
     with pytest.raises(TypeError, match="unrolled"):
         cache = KVCache.create(model.config, 3, 16, jnp.float32)
         scanned.forward_cached(ids, ids, mask.astype(bool), cache, jnp.int32(0))
+
+
+def test_the_per_layer_view_is_one_program_whatever_the_depth_and_shapes(seven_layers):
+    """The rollout takes the per-layer view of the trained weights every step: one compiled program slices every
+    stacked parameter of every layer (not one program per parameter shape, run once per parameter and layer), and
+    the next step's weights compile nothing more."""
+    scanned = layer_stack.scanned(seven_layers("llama"))
+    stepped = module_copy(scanned)
+    nnx.update(stepped, jax.tree.map(lambda x: x * 2, nnx.state(stepped)))
+    assert len({(x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(scanned.blocks.body))}) > 1
+    jax.clear_caches()
+    compiled = CompiledPrograms()
+    with jax_compile_log(compiled):
+        views = [layer_stack.unrolled(scanned), layer_stack.unrolled(stepped)]
+    assert len(compiled.names) == 1, compiled.names
+    body = flat_state(scanned)["blocks.body.mlp.up.kernel"]
+    for layer in range(6):
+        for view, scale in zip(views, (1, 2), strict=True):
+            np.testing.assert_array_equal(np.asarray(flat_state(view)[f"blocks.{layer}.mlp.up.kernel"]),
+                                          np.asarray(body[layer]) * scale)
 
 
 def test_parameter_trees_and_adapter_dicts_round_trip(seven_layers):
