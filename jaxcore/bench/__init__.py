@@ -33,7 +33,7 @@ class BenchOptions:
     methods: tuple[str, ...] | None = None    # the learn suite: methods to run (None: all)
     eval_every_s: float | None = None         # the learn suite: seconds of training between evaluations
     png: str | None = None           # the learn suite: where its curves go (None: under workdir)
-    max_staleness: tuple[int, ...] | None = None   # the async suite: one asynchronous run per value (None: 1)
+    max_staleness: tuple[int, ...] | None = None   # the async suite: one asynchronous run per value (None: 2)
     weight_sync_steps: int | None = None      # the async suite: weight_sync_steps of its runs (None: 1)
 
 

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every-s", type=float, default=None, metavar="S",
                         help="the learn suite: seconds of training between held-out evaluations (default: 60)")
     parser.add_argument("--max-staleness", default=None, metavar="N,N",
-                        help="the async suite: one asynchronous run per max_staleness in this comma list (default: 1)")
+                        help="the async suite: one asynchronous run per max_staleness in this comma list (default: 2)")
     parser.add_argument("--weight-sync-steps", type=int, default=None, metavar="N",
                         help="the async suite: grpo.asynchronous.weight_sync_steps of its runs (default: 1)")
     parser.add_argument("--png", default=None, metavar="FILE",

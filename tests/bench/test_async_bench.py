@@ -12,11 +12,13 @@ from jaxcore.cli import main
 
 
 def test_the_suite_reports_both_runs(tmp_path):
-    results = async_overlap.run(BenchOptions(quick=True, workdir=str(tmp_path)))
+    results = async_overlap.run(BenchOptions(quick=True, workdir=str(tmp_path), max_staleness=(1,)))
     assert results["async.settings"]["steps"] == 3 and results["async.settings"]["max_staleness"] == [1]
+    assert async_overlap.settings(BenchOptions())["max_staleness"] == [2]      # the default
     for name in ("sync", "staleness_1"):
         assert results[f"async.{name}.tokens_per_s"] > 0 and results[f"async.{name}.steps"] == 3
         assert len(results[f"async.{name}.load_average"]) == 2
+        assert results[f"async.{name}.compile_s_first_step"] >= 0
     assert 0 <= results["async.sync.generation_share"] <= 1
     a = "async.staleness_1"
     for key in ("overlap_share", "generation_busy_share", "training_busy_share", "rollout_idle_share",
