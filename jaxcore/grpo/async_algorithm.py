@@ -257,7 +257,9 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         weights (per layer) and every untrained batch of an older version as generated (waited for)."""
         out = super().checkpoint_state()
         plan = self.schedule.checkpoint_plan(self.finished)
-        assert self.newest[0] == plan.version, (self.newest[0], plan.version)
+        if self.newest[0] != plan.version:     # the schedule's invariant; never write a checkpoint that resumes wrong
+            raise RuntimeError(f"asynchronous GRPO's rollout holds weight version {self.newest[0]}, but a checkpoint "
+                               f"after {self.finished} steps needs version {plan.version}")
         out["async"] = {"finished": np.asarray(self.finished, np.int64), "version": np.asarray(plan.version, np.int64),
                         "next_batch": np.asarray(self.next_batch, np.int64),
                         "dropped": np.asarray(self.dropped, np.int64),
