@@ -2,9 +2,11 @@
 optimizer steps (issue 53), device to device.
 
 Each weight is placed on the rollout group with the sharding its training copy has, laid over the rollout
-devices (`rollout_sharding`): replicated stays replicated, so `jax.device_put` copies device buffers to the other
-group and never reads an array back to the host (a sharded-to-replicated move would: JAX gathers it through the
-host). Every sync moves each weight once and is counted (`syncs`, `transfers`), with its seconds.
+devices (`rollout_sharding`), so `jax.device_put` copies device buffers to the other group and never reads an array
+back to the host (a sharded-to-replicated move would: JAX gathers it through the host). A replicated weight lands
+replicated; an FSDP-sharded one (`grpo.fsdp`) lands with its shards on the rollout devices in the training layout
+and is then gathered there, in one compiled program for the whole tree, since decoding reads every weight whole.
+Every sync moves each weight once and is counted (`syncs`, `transfers`), with its seconds.
 """
 
 from __future__ import annotations
@@ -13,21 +15,23 @@ import time
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 
 def rollout_sharding(sharding: jax.sharding.Sharding, mesh: Mesh) -> NamedSharding:
-    """`sharding` (a training weight's, on the training mesh) laid over the rollout `mesh`: the same spec where the
-    meshes have the same shape, else replicated (only a replicated weight may move between groups of different
-    sizes without a host round trip; the caller refuses sharded weights there)."""
-    spec = getattr(sharding, "spec", None)
-    same_shape = getattr(sharding, "mesh", None) is not None and dict(sharding.mesh.shape) == dict(mesh.shape)
-    if spec is not None and same_shape:
-        return NamedSharding(mesh, spec)
-    if not sharding.is_fully_replicated:
+    """`sharding` (a training weight's, on the training mesh) laid over the rollout `mesh`'s devices: replicated
+    stays replicated; a sharded weight keeps its spec on the rollout devices arranged as the training mesh (each
+    shard copied to its counterpart device), which needs groups of the same size (else one line: it would go
+    through the host)."""
+    if sharding.is_fully_replicated:
+        return NamedSharding(mesh, PartitionSpec())
+    source = getattr(sharding, "mesh", None)
+    if source is None or source.size != mesh.size:
         raise ValueError(f"a weight sharded as {sharding} cannot move to a rollout group of {mesh.size} devices "
                          "without a host round trip")
-    return NamedSharding(mesh, jax.sharding.PartitionSpec())
+    same_layout = Mesh(np.asarray(mesh.devices).reshape(source.devices.shape), source.axis_names)
+    return NamedSharding(same_layout, sharding.spec)
 
 
 class WeightSync:
@@ -38,12 +42,16 @@ class WeightSync:
         self.syncs = 0           # weight syncs done
         self.transfers = 0       # weights moved (each weight once per sync)
         self.seconds = 0.0       # the last sync's wall time (the copy waited for)
+        # gathers FSDP-sharded weights on the rollout devices: one program for the whole tree
+        self._gather = jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
     def place(self, tree: Any) -> Any:
         """`tree` copied onto the rollout mesh (waited for), without counting it as a sync (the frozen LoRA base,
         a restored checkpoint's weights)."""
-        shardings = jax.tree.map(lambda x: rollout_sharding(x.sharding, self.mesh), tree)
-        return jax.block_until_ready(jax.device_put(tree, shardings))
+        moved = jax.device_put(tree, jax.tree.map(lambda x: rollout_sharding(x.sharding, self.mesh), tree))
+        if not all(x.sharding.is_fully_replicated for x in jax.tree.leaves(moved)):
+            moved = self._gather(moved)
+        return jax.block_until_ready(moved)
 
     def push(self, params: Any) -> Any:
         """One sync: every weight of `params` copied onto the rollout mesh, waited for (the next optimizer step
