@@ -76,10 +76,15 @@ class GRPOAlgorithm(Algorithm):
         if cfg.grpo.fsdp <= 1:
             return {}
         try:
-            mesh = meshes.grpo_mesh(cfg.grpo.fsdp)
+            mesh = meshes.grpo_mesh(cfg.grpo.fsdp, cls.training_devices_of(cfg))
         except ValueError:
             return {}
         return {"shardings": sharding.fsdp_sharding_fn(mesh)}
+
+    @classmethod
+    def training_devices_of(cls, cfg: GRPOConfig) -> list[Any] | None:
+        """The devices a job trains on (None: all of them), known from its config alone (where the model loads)."""
+        return None
 
     @classmethod
     def mesh_divisor(cls, cfg: GRPOConfig) -> tuple[str, int]:
@@ -133,7 +138,7 @@ class GRPOAlgorithm(Algorithm):
     def training_devices(self) -> list[Any] | None:
         """The devices the learner trains on (None: all; asynchronous GRPO keeps some for generation). Called
         once `self.cfg` is set, before the mesh is built."""
-        return None
+        return self.training_devices_of(self.cfg)
 
     def trains_on_rollout_logprobs(self) -> bool:
         """Whether a batch carries the rollout's log-probs (`make_batch`), which the programs made ahead take."""

@@ -82,7 +82,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         a = cfg.grpo.asynchronous
         self.schedule = Schedule(a.max_staleness, a.weight_sync_steps)
         self.rollout_mesh = meshes.grpo_mesh(1, device_groups(cfg)[1])
-        self.rollout_rows = meshes.leading_axis(self.rollout_mesh, self.learner.batch_axes)
+        self.rollout_rows = meshes.leading_axis(self.rollout_mesh, meshes.batch_axes_of(self.rollout_mesh))
         self.sync = self._weight_sync()
         self.rollout_rest = self.sync.place(self.learner.rest)        # non-trainable state (e.g. rope tables)
         self.newest = (0, self.sync.place(self.learner.state.params))   # the newest version on the rollout devices
@@ -98,8 +98,9 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self._origin = time.perf_counter() - (0.0 if started is None else time.time() - started)
         self._generated: dict[int, tuple[float, float]] = {}    # batch -> its generation's (began, ended)
 
-    def training_devices(self) -> list[Any] | None:
-        return device_groups(self.cfg)[0]
+    @classmethod
+    def training_devices_of(cls, cfg: GRPOConfig) -> list[Any] | None:
+        return device_groups(cfg)[0]
 
     def _weight_sync(self) -> WeightSync:
         """What moves the weights to the rollout devices (in one process: `jax.device_put`)."""

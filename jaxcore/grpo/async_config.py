@@ -6,9 +6,9 @@ In one process, `jaxcore.grpo.async_algorithm` runs the deterministic schedule (
 TRL's loss (`jaxcore.grpo.async_loss`): generation on `rollout_devices` from a copy of the weights, training on the
 others, the weights synced device to device, in either mode. Over two processes (`jaxcore.grpo.async_processes`)
 one process trains and the other generates, on the deterministic schedule, with checkpoints, resuming and held-out
-evaluation as in one process. What they do not run yet is refused in one line (`async_refusal`): more processes, or
-across processes free-running; FSDP, LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss has
-not.
+evaluation as in one process; in one process the training group may shard the weights (`grpo.fsdp`). What they do
+not run yet is refused in one line (`async_refusal`): more processes, or across processes free-running or FSDP;
+LoRA, multi-turn rollouts, and the loss options TRL's asynchronous loss has not.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ def async_refusal(cfg: Any, processes: int = 1) -> str | None:
         reason = across_processes_refusal(cfg, max(processes, cfg.distributed.num_processes))
         if reason:
             return reason
-    if g.fsdp > 1:
-        return (f"grpo.asynchronous with grpo.fsdp={g.fsdp} is not built yet (issue 53): the weights move to the "
-                "rollout devices replicated; set grpo.fsdp=1")
     if g.lora is not None:
         return "grpo.asynchronous with grpo.lora is not built yet (issue 53)"
     if g.num_iterations != 1 or g.steps_per_rollout != 1:
@@ -77,6 +74,9 @@ def across_processes_refusal(cfg: Any, processes: int) -> str | None:
     if cfg.grpo.asynchronous.mode != "deterministic":
         return ("grpo.asynchronous across processes runs the deterministic schedule only: mode "
                 f"{cfg.grpo.asynchronous.mode} is not built there yet (issue 53)")
+    if cfg.grpo.fsdp > 1:
+        return (f"grpo.asynchronous across processes with grpo.fsdp={cfg.grpo.fsdp} is not built yet (issue 53): "
+                "the weights move between the processes replicated; set grpo.fsdp=1 or run in one process")
     return None
 
 

@@ -47,7 +47,7 @@ from jaxcore.model import layer_stack, lora
 from jaxcore.model.state import module_copy
 from jaxcore.model.transformer import Transformer
 from jaxcore.parallel.config import SHARD_MIN_SIZE
-from jaxcore.parallel.meshes import BATCH_AXES, FSDP, replicated
+from jaxcore.parallel.meshes import FSDP, batch_axes_of, replicated
 from jaxcore.parallel.sharding import fsdp_spec, optimizer_state_shardings
 from jaxcore.runtime.optim import make_optimizer
 
@@ -117,7 +117,7 @@ class GRPOLearner:
         base = nnx.to_pure_dict(base)
         abstract = is_abstract(base)            # shapes only: the learner makes programs and holds no weights
         self.optimizer = make_optimizer(cfg.optimizer, cfg.total_steps, decay_mask=layer_stack.layer_matrices)
-        self.batch_axes = tuple(a for a in BATCH_AXES if mesh is not None and a in mesh.axis_names)
+        self.batch_axes = () if mesh is None else batch_axes_of(mesh)
         self.micro_sharding = None
         if mesh is not None:
             self.micro_sharding = NamedSharding(mesh, P(None, self.batch_axes))

@@ -60,6 +60,11 @@ def leading_axis(mesh: Mesh, axis: str | tuple[str, ...]) -> NamedSharding:
     return NamedSharding(mesh, P(axis))
 
 
+def batch_axes_of(mesh: Mesh) -> tuple[str, ...]:
+    """The axes of a GRPO `mesh` the batch is split over (`BATCH_AXES`, those it has)."""
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
 def es_mesh(model_size: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
     """The ES mesh: ("pop", "model"); `model` shards the compute weights, `pop` gets the other devices."""
     if model_size < 1:

@@ -68,7 +68,9 @@ def test_a_trainer_refuses_in_one_line_what_the_asynchronous_runner_does_not_run
     # across two processes with checkpoints and held-out evaluation (the defaults) too
     assert async_refusal(load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1",
                                                         "distributed.num_processes=2"])) is None
-    for overrides, match in ((["grpo.fsdp=2"], "grpo.fsdp=2 is not built yet"),
+    assert async_refusal(load_config(GRPOConfig, None, ["grpo.asynchronous.max_staleness=1", "grpo.fsdp=2"])) is None
+    for overrides, match in ((["distributed.num_processes=2", "grpo.fsdp=2"], "across processes with grpo.fsdp=2 "
+                                                                              "is not built yet"),
                              (["distributed.num_processes=3"], "runs on two, one training and one generating, "
                                                                "not 3"),
                              (["distributed.num_processes=2", "grpo.asynchronous.mode=free_running"],

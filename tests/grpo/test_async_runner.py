@@ -73,6 +73,31 @@ def test_lag_zero_with_a_token_budget_equals_the_synchronous_run(tiny_dir, tmp_p
     assert [r["ratio"] for r in records(asynchronous)] == [1.0, 1.0, 1.0]
 
 
+def test_lag_zero_with_fsdp_equals_the_synchronous_fsdp_run(tiny_dir, tmp_path, capsys, monkeypatch):
+    """grpo.fsdp=2 over the 4 training devices: the weights train sharded, every sync moves their shards to the
+    rollout devices and gathers them there; at lag 0 the synchronous FSDP run on the same devices, bit for bit."""
+    model = tiny_dir("llama")
+    common = ["train.epochs=3", "grpo.fsdp=2", *COMMON]
+    pushed = []
+    push = WeightSync.push
+
+    def recorded(self, params):
+        pushed.append(sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params)))
+        copy = push(self, params)
+        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(copy))
+        return copy
+
+    monkeypatch.setattr(WeightSync, "push", recorded)
+    asynchronous, synchronous = tmp_path / "async", tmp_path / "sync"
+    code, err = run_cli(capsys, "grpo", *grpo_args(model, asynchronous, *common, "grpo.asynchronous.max_staleness=0",
+                                                   "grpo.asynchronous.rollout_devices=4"))
+    assert code == 0, err
+    assert len(pushed) == 3 and min(pushed) > 0             # one sync per step, of sharded weights
+    monkeypatch.setattr(GRPOAlgorithm, "training_devices", lambda self: jax.devices()[:4])
+    assert run_cli(capsys, "grpo", *grpo_args(model, synchronous, *common))[0] == 0
+    same_run(synchronous, asynchronous)
+
+
 def test_a_resumed_run_equals_the_straight_one(tiny_dir, tmp_path, capsys):
     """max_staleness 1, a sync every 2 steps: stopped after 3 steps (between syncs: batch 3 of version 0 is stored as
     generated, version 1's weights beside the train state, batches 4 and 5 generated again), then resumed."""
@@ -116,6 +141,31 @@ def test_a_weight_sync_moves_every_weight_once_device_to_device(monkeypatch):
         for x, y in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
             assert x.sharding.device_set == set(devices[4:]) and x.sharding.is_fully_replicated
             np.testing.assert_array_equal(np.asarray(x), y)
+
+
+def test_an_fsdp_sharded_weight_moves_shard_by_shard_and_is_gathered_on_the_rollout_devices(monkeypatch):
+    """grpo.fsdp: a weight sharded over the training devices is copied shard by shard to the rollout devices (laid
+    out as the training mesh), then gathered there; no array is read back to the host, and each weight counts once."""
+    from jax._src.array import ArrayImpl
+
+    devices = jax.devices()
+    train, rollout = meshes.grpo_mesh(2, devices[:4]), meshes.grpo_mesh(1, devices[4:])
+    params = {"w": np.arange(32.0, dtype=np.float32).reshape(8, 4), "b": np.ones(3, np.float32)}
+    placed = {"w": jax.device_put(params["w"], jax.sharding.NamedSharding(train, jax.sharding.PartitionSpec("fsdp"))),
+              "b": jax.device_put(params["b"], meshes.replicated(train))}
+    assert not placed["w"].sharding.is_fully_replicated
+    sync = WeightSync(rollout)
+
+    def no_host(self):
+        raise AssertionError("a weight went through the host")
+
+    monkeypatch.setattr(ArrayImpl, "_value", property(no_host))
+    copy = sync.push(placed)
+    monkeypatch.undo()
+    assert (sync.syncs, sync.transfers) == (1, 2)
+    for key, x in copy.items():
+        assert x.sharding.device_set == set(devices[4:]) and x.sharding.is_fully_replicated
+        np.testing.assert_array_equal(np.asarray(x), params[key])
 
 
 def test_a_batch_being_generated_is_held():
