@@ -9,8 +9,10 @@ generating and 4 training; too heavy for CI, so a script whose results go into t
                                                 # (a synchronous SmolLM2 run on all 8, 8 replicated copies of the
                                                 # weights and Adam state, was killed for memory on the 23 GB
                                                 # machine): held-out reward at 0, 10 and 20
-  ASYNC_CHECKS_DEVICES=4 python scripts/async_checks.py overlap OUT   # the keyword job at max_staleness 2, 8 new
-                                                # tokens, 2 + 2 devices: the timeline's overlap
+  python scripts/async_checks.py overlap OUT grpo.fsdp=4   # the keyword job at max_staleness 2, 8 new tokens,
+                                                # 4 + 4 devices, the training group sharding the weights and Adam
+                                                # state (replicated, 4 + 4 copies need more than 23 GB): the
+                                                # timeline's overlap (ASYNC_CHECKS_DEVICES=4: on 2 + 2 devices)
 
 The small shapes (2 prompts x 4 completions of 6 tokens, constant learning rate) keep lag0 and resume to minutes.
 Each run is a process of its own (two runs one after another in one process reached 23 GB and were killed).
@@ -114,7 +116,7 @@ def keyword(out: Path, mode: str) -> dict:
             "run_time_s": round(trained[-1].get("run_time", float("nan")), 1), "load_average": os.getloadavg()}
 
 
-def overlap(out: Path) -> dict:
+def overlap(out: Path, *extra: str) -> dict:
     """examples/keyword's job asynchronously with one version of slack (max_staleness 2) and 8 new tokens, so that
     a batch generates in about the time a step trains, 12 steps, held-out evaluation off (it pauses the trainer):
     the timeline's overlap and each side's busy share (`jaxcore bench --suite async`'s figures)."""
@@ -122,7 +124,7 @@ def overlap(out: Path) -> dict:
 
     grpo(out / "overlap", "train.progress=false", "train.tensorboard=false", "train.checkpoint_every=-1",
          "train.export_hf=false", "train.eval_every=-1", "train.epochs=12", "rollout.max_new_tokens=8",
-         "grpo.asynchronous.max_staleness=2")
+         "grpo.asynchronous.max_staleness=2", *extra)
     got = async_figures(steps(out / "overlap"))
     lanes = got.pop("timeline")
     return {"check": "overlap", **got, "generate_s": [round(b - a, 2) for a, b in lanes["generation"]],
@@ -139,8 +141,10 @@ def main() -> None:
         return one(out, sys.argv[3:])
     if check == "keyword":
         got = keyword(out, sys.argv[3])
+    elif check == "overlap":
+        got = overlap(out, *sys.argv[3:])
     else:
-        got = {"lag0": lag0, "resume": resume, "overlap": overlap}[check](out)
+        got = {"lag0": lag0, "resume": resume}[check](out)
     print(json.dumps({**got, "load_average": os.getloadavg()}), flush=True)
 
 
