@@ -15,8 +15,9 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
+
+from jaxcore.parallel import meshes
 
 
 def rollout_sharding(sharding: jax.sharding.Sharding, mesh: Mesh) -> NamedSharding:
@@ -25,12 +26,12 @@ def rollout_sharding(sharding: jax.sharding.Sharding, mesh: Mesh) -> NamedShardi
     shard copied to its counterpart device), which needs groups of the same size (else one line: it would go
     through the host)."""
     if sharding.is_fully_replicated:
-        return NamedSharding(mesh, PartitionSpec())
+        return meshes.replicated(mesh)
     source = getattr(sharding, "mesh", None)
     if source is None or source.size != mesh.size:
         raise ValueError(f"a weight sharded as {sharding} cannot move to a rollout group of {mesh.size} devices "
                          "without a host round trip")
-    same_layout = Mesh(np.asarray(mesh.devices).reshape(source.devices.shape), source.axis_names)
+    same_layout = meshes.make_mesh(dict(source.shape), list(mesh.devices.flat))
     return NamedSharding(same_layout, sharding.spec)
 
 
@@ -43,7 +44,7 @@ class WeightSync:
         self.transfers = 0       # weights moved (each weight once per sync)
         self.seconds = 0.0       # the last sync's wall time (the copy waited for)
         # gathers FSDP-sharded weights on the rollout devices: one program for the whole tree
-        self._gather = jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
+        self._gather = jax.jit(lambda tree: tree, out_shardings=meshes.replicated(mesh))
 
     def place(self, tree: Any) -> Any:
         """`tree` copied onto the rollout mesh (waited for), without counting it as a sync (the frozen LoRA base,
