@@ -68,6 +68,10 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         if rows % rollout:
             return (f"prompts_per_epoch x generations_per_prompt = {rows} rows must be a multiple of the "
                     f"{rollout} rollout devices (grpo.asynchronous.rollout_devices)")
+        if cfg.grpo.fsdp > 1 and rollout != train:     # shards move to counterpart devices (`rollout_sharding`)
+            return (f"grpo.asynchronous with grpo.fsdp={cfg.grpo.fsdp} moves the weights' shards between groups of "
+                    f"the same size: {rollout} rollout and {train} training devices; set "
+                    "grpo.asynchronous.rollout_devices to half the devices")
         return super().layout_refusal(cfg, train)
 
     def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = (),

@@ -101,3 +101,18 @@ def test_jaxcore_grpo_in_a_refused_layout_is_one_line_and_writes_nothing(capsys,
     reason = async_refusal(load_config(GRPOConfig, None, list(overrides)))
     assert code == 2 and lines == [f"jaxcore grpo: error: {reason}"]
     assert not out.exists()
+
+
+def test_fsdp_between_groups_of_other_sizes_is_refused_in_one_line(tiny_dir, capsys, tmp_path):
+    """grpo.fsdp moves each shard to its counterpart rollout device, so both groups need the same size: 2 rollout and
+    6 training devices stop before anything is written (before, a sharding's repr from deep in the sync)."""
+    from cli_runs import grpo_args, run_cli
+
+    out = tmp_path / "run"
+    code, lines = run_cli(capsys, "grpo", *grpo_args(tiny_dir("llama"), out, "grpo.asynchronous.max_staleness=1",
+                                                     "grpo.fsdp=2", "grpo.asynchronous.rollout_devices=2",
+                                                     "rollout.prompts_per_epoch=6"))
+    assert code == 2 and lines == ["jaxcore grpo: error: grpo.asynchronous with grpo.fsdp=2 moves the weights' shards "
+                                   "between groups of the same size: 2 rollout and 6 training devices; set "
+                                   "grpo.asynchronous.rollout_devices to half the devices"]
+    assert not out.exists()
