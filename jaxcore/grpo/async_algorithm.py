@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -90,6 +91,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self.sync = self._weight_sync()
         self.rollout_rest = self.sync.place(self.learner.rest)        # non-trainable state (e.g. rope tables)
         self.newest = (0, self.sync.place(self.learner.state.params))   # the newest version on the rollout devices
+        self._in_flight: tuple[int, Future] | None = None        # the version whose sync runs (`_publish`)
         self.finished = 0              # epochs (= optimizer steps, skipped ones included) done
         self.free = a.mode == "free_running"
         self.next_batch = 0            # the next batch to train (deterministic: = finished; free-running: past drops)
@@ -127,6 +129,8 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        self._in_flight = None
+        self.sync.close()                  # after the sync still running, if any
 
     # -- the rollout side ----------------------------------------------------------------------------------
 
@@ -161,6 +165,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
 
     def _start(self) -> None:
         """The worker, with the newest version's weights and a checkpoint's generated batches."""
+        self._settle()
         self.worker = RolloutWorker(self._generate)
         self.worker.publish(*self.newest)
         for k, stored in sorted(self._stored.items()):
@@ -183,15 +188,31 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
 
     def _sync(self) -> float:
         """After a finished step: a weight sync every `weight_sync_steps` steps (TRL's), also where no batch of this
-        run needs the version (a checkpoint keeps it: a resumed run with more epochs generates from it); its seconds
-        (0 without one)."""
+        run needs the version (a checkpoint keeps it: a resumed run with more epochs generates from it); the newest
+        finished sync's seconds (0 without a sync)."""
         f, s = self.finished, self.schedule.weight_sync_steps
         if f % s:
             return 0.0
-        self.newest = (f // s, self.sync.push(self.learner.state.params))
-        if self.worker is not None:           # across processes the training process has none
-            self.worker.publish(*self.newest)
+        self._publish(f // s, self.learner.state.params)
         return self.sync.seconds
+
+    def _publish(self, version: int, params: Any) -> None:
+        """Start the sync of `version`'s weights on the sync thread, which publishes them to the worker once they
+        are on the rollout devices; the trainer goes on meanwhile (its steps leave `params` intact). One sync at a
+        time: the one before is waited for first (long done, unless syncs take longer than steps)."""
+        self._settle()
+        worker = self.worker
+        future = self.sync.start(params, None if worker is None else lambda copied: worker.publish(version, copied))
+        if worker is not None:             # a failed copy is raised where the trainer waits for a batch
+            future.add_done_callback(lambda done: _fail_on_error(worker, done))
+        self._in_flight = (version, future)
+
+    def _settle(self) -> None:
+        """Wait for the sync in flight: `newest` is then the newest version's weights on the rollout devices."""
+        if self._in_flight is not None:
+            version, future = self._in_flight
+            self._in_flight = None
+            self.newest = (version, future.result())
 
     # -- one epoch -------------------------------------------------------------------------------------------
 
@@ -262,6 +283,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         weights (per layer) and every untrained batch of an older version as generated (waited for)."""
         out = super().checkpoint_state()
         plan = self.schedule.checkpoint_plan(self.finished)
+        self._settle()
         if self.newest[0] != plan.version:     # the schedule's invariant; never write a checkpoint that resumes wrong
             raise RuntimeError(f"asynchronous GRPO's rollout holds weight version {self.newest[0]}, but a checkpoint "
                                f"after {self.finished} steps needs version {plan.version}")
@@ -331,3 +353,10 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
                                   place(stored["finished"].astype(bool)))
         return RolloutOutput([e for e in examples for _ in range(g)], np.repeat(ids, g, 0), np.repeat(mask, g, 0),
                              result, prompts_truncated=truncated)
+
+
+def _fail_on_error(worker: RolloutWorker, sync: Future) -> None:
+    """A finished sync that failed fails the worker's batches waiting for its weights (else they wait forever)."""
+    error = sync.exception()
+    if error is not None:
+        worker.fail(error)

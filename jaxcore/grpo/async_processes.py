@@ -85,6 +85,12 @@ class AsyncGRPOAcrossProcesses(AsyncGRPOAlgorithm):
     def _weight_sync(self) -> ProcessSync:
         return ProcessSync(*device_groups(self.cfg), self.rollout_mesh)
 
+    def _publish(self, version: int, params: Any) -> None:
+        """The sync in line: a collective of both processes, run where both call it (never on a thread)."""
+        self.newest = (version, self.sync.push(params))
+        if self.worker is not None:           # the training process has none
+            self.worker.publish(*self.newest)
+
     def prepare(self, upcoming: list[list[Example]]) -> None:
         if self.trains:                  # the generating process makes no train-step programs
             super().prepare(upcoming)

@@ -66,6 +66,12 @@ class RolloutWorker:
             self._made_with[batch] = version
             self._cond.notify_all()
 
+    def fail(self, error: BaseException) -> None:
+        """Fail the batches not yet generated with `error` (their weights will never come): `result` raises it."""
+        with self._cond:
+            self._error = self._error or error
+            self._cond.notify_all()
+
     def result(self, batch: int) -> Any:
         """Batch `batch`'s output, waited for; a failure of the worker is raised here."""
         with self._cond:

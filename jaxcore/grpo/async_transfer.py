@@ -86,6 +86,9 @@ class ProcessSync:
         self.transfers += len(jax.tree.leaves(params))
         return out
 
+    def close(self) -> None:
+        """Nothing runs apart: every sync is waited for where it is called."""
+
     def prepare(self, params: Any) -> None:
         """Compile the sync program for weights shaped as `params` before the first sync (a resumed run: its
         collective-permutes are counted from the first step, as in the straight run)."""

@@ -6,12 +6,16 @@ devices (`rollout_sharding`), so `jax.device_put` copies device buffers to the o
 back to the host (a sharded-to-replicated move would: JAX gathers it through the host). A replicated weight lands
 replicated; an FSDP-sharded one (`grpo.fsdp`) lands with its shards on the rollout devices in the training layout
 and is then gathered there, in one compiled program for the whole tree, since decoding reads every weight whole.
-Every sync moves each weight once and is counted (`syncs`, `transfers`), with its seconds.
+Every sync moves each weight once and is counted (`syncs`, `transfers`), with its seconds. A sync runs on a thread
+of its own (`start`), so the trainer goes on with its next steps while the weights move (its steps leave the params
+they read intact: `GRPOLearner.keeps_params`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -40,11 +44,12 @@ class WeightSync:
 
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
-        self.syncs = 0           # weight syncs done
+        self.syncs = 0           # weight syncs started
         self.transfers = 0       # weights moved (each weight once per sync)
-        self.seconds = 0.0       # the last sync's wall time (the copy waited for)
+        self.seconds = 0.0       # the newest finished sync's wall time (the copy waited for)
         # gathers FSDP-sharded weights on the rollout devices: one program for the whole tree
         self._gather = jax.jit(lambda tree: tree, out_shardings=meshes.replicated(mesh))
+        self._thread: ThreadPoolExecutor | None = None      # where syncs run, one at a time (made at the first)
 
     def place(self, tree: Any) -> Any:
         """`tree` copied onto the rollout mesh (waited for), without counting it as a sync (the frozen LoRA base,
@@ -54,12 +59,30 @@ class WeightSync:
             moved = self._gather(moved)
         return jax.block_until_ready(moved)
 
+    def start(self, params: Any, then: Callable[[Any], None] | None = None) -> Future:
+        """One sync, counted now and run on the sync thread (after the syncs started before it): every weight of
+        `params` copied onto the rollout mesh, then `then(copy)` there. `params` must stay intact until it is done
+        (no step may donate them); the future gives the copy."""
+        self.syncs += 1
+        self.transfers += len(jax.tree.leaves(params))
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxcore-weight-sync")
+        return self._thread.submit(self._copy, params, then)
+
     def push(self, params: Any) -> Any:
-        """One sync: every weight of `params` copied onto the rollout mesh, waited for (the next optimizer step
-        donates the training copy), counted."""
+        """One sync, waited for: the copy of `params` on the rollout mesh."""
+        return self.start(params).result()
+
+    def close(self) -> None:
+        """Wait for the syncs started, then let the sync thread go."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    def _copy(self, params: Any, then: Callable[[Any], None] | None) -> Any:
         began = time.perf_counter()
         copied = self.place(params)
         self.seconds = time.perf_counter() - began
-        self.syncs += 1
-        self.transfers += len(jax.tree.leaves(params))
+        if then is not None:
+            then(copied)
         return copied

@@ -20,6 +20,7 @@ checkpoints and exports are per layer, as everywhere else.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -145,7 +146,13 @@ class GRPOLearner:
         self.state_shardings = state_shardings
         self.abstract_state = _abstract(self.state)     # what every step sees (the thread making programs reads it)
         step = make_train_step(self.build, cfg, self.optimizer, self.micro_sharding)
-        self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
+        # asynchronous GRPO's weight sync reads a version's params on a thread of its own while the next steps run:
+        # its steps leave the params they are given intact (the rest of the state is donated, as always)
+        self.keeps_params = g.asynchronous is not None
+        if self.keeps_params:
+            self._step = jax.jit(_keeping_params(step), donate_argnums=1, out_shardings=(state_shardings, None))
+        else:
+            self._step = jax.jit(step, donate_argnums=0, out_shardings=(state_shardings, None))
         self._score = jax.jit(self._score_fn, static_argnums=0)       # graphdef
         self._mix = jax.jit(lambda ref, pol, a: jax.tree.map(lambda r, p: (a * p + (1 - a) * r).astype(r.dtype),
                                                              ref, pol))
@@ -365,7 +372,11 @@ class GRPOLearner:
     def lower_step(self, batch: GRPOBatch, num_items: Any, key: Any = None) -> Any:
         """The optimiser step lowered (not run) on a batch of abstract or real arrays, for the train state's
         shapes and shardings."""
-        return self._step.lower(self.abstract_state, _abstract(self.frozen), batch, num_items, key)
+        return self._step.lower(*self._state_args(self.abstract_state), _abstract(self.frozen), batch, num_items, key)
+
+    def _state_args(self, state: TrainState) -> tuple[Any, ...]:
+        """The train state as the step program takes it: whole (donated), or its params apart from the rest."""
+        return (state.params, dataclasses.replace(state, params=None)) if self.keeps_params else (state,)
 
     def step_batches(self, batch: GRPOBatch) -> tuple[list[GRPOBatch], jax.Array]:
         """A prepared rollout's optimiser-step batches (step k: rows k, k + K, ...) and their dapo
@@ -383,7 +394,7 @@ class GRPOLearner:
             num_items = loss_mask(batch, self.cfg.grpo.mask_truncated_completions).sum().astype(jnp.float32)
         key = self.dropout_key()
         before = int(self.state.step) if self.syncs_ref() else None   # read before the step donates it
-        self.state, metrics = self._step(self.state, self.frozen, batch, num_items, key)
+        self.state, metrics = self._step(*self._state_args(self.state), self.frozen, batch, num_items, key)
         if before is not None:
             self.maybe_sync_ref(before)
         return {k: float(v) for k, v in metrics.items()}
@@ -472,3 +483,11 @@ def finite(step: dict[str, float]) -> bool:
     """Whether an optimiser step was applied: its loss and gradient norm are finite and the step did not skip a
     non-finite update or new parameter value (`skipped`)."""
     return bool(np.isfinite(step["loss"]) and np.isfinite(step["grad_norm"]) and not step.get("skipped", 0.0))
+
+
+def _keeping_params(step: Callable[..., Any]) -> Callable[..., Any]:
+    """`step(state, ...)` taking the params apart from the rest of the state, so that a program can donate the rest
+    and leave the params intact."""
+    def stepped(params: Any, rest: TrainState, *args: Any) -> Any:
+        return step(dataclasses.replace(rest, params=params), *args)
+    return stepped

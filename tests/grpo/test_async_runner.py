@@ -79,15 +79,15 @@ def test_lag_zero_with_fsdp_equals_the_synchronous_fsdp_run(tiny_dir, tmp_path, 
     model = tiny_dir("llama")
     common = ["train.epochs=3", "grpo.fsdp=2", *COMMON]
     pushed = []
-    push = WeightSync.push
+    copy = WeightSync._copy
 
-    def recorded(self, params):
+    def recorded(self, params, then):
         pushed.append(sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params)))
-        copy = push(self, params)
-        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(copy))
-        return copy
+        copied = copy(self, params, then)
+        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(copied))
+        return copied
 
-    monkeypatch.setattr(WeightSync, "push", recorded)
+    monkeypatch.setattr(WeightSync, "_copy", recorded)
     asynchronous, synchronous = tmp_path / "async", tmp_path / "sync"
     code, err = run_cli(capsys, "grpo", *grpo_args(model, asynchronous, *common, "grpo.asynchronous.max_staleness=0",
                                                    "grpo.asynchronous.rollout_devices=4"))
@@ -96,6 +96,56 @@ def test_lag_zero_with_fsdp_equals_the_synchronous_fsdp_run(tiny_dir, tmp_path, 
     monkeypatch.setattr(GRPOAlgorithm, "training_devices", lambda self: jax.devices()[:4])
     assert run_cli(capsys, "grpo", *grpo_args(model, synchronous, *common))[0] == 0
     same_run(synchronous, asynchronous)
+
+
+def test_the_trainer_steps_on_while_a_weight_sync_runs(tiny_dir, tmp_path, capsys, monkeypatch):
+    """max_staleness 2: batch 1 is version 0's, so the trainer's second step needs nothing from the first sync
+    (version 1, after step 1). That sync's copy is held until the second step has run: the trainer takes it meanwhile
+    (it waited for the copy, which waited for it: the run hung, here until the hold gave up)."""
+    from jaxcore.grpo.learner import GRPOLearner
+
+    steps, second_step = [], threading.Event()
+    step = GRPOLearner.step
+
+    def counted(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        steps.append(len(steps) + 1)
+        if len(steps) == 2:
+            second_step.set()
+        return out
+
+    held = []
+    place = WeightSync.place
+
+    def held_first_sync(self, tree):
+        if steps and not held:                  # the first copy after a step: the first sync's
+            held.append(second_step.wait(timeout=180))
+        return place(self, tree)
+
+    monkeypatch.setattr(GRPOLearner, "step", counted)
+    monkeypatch.setattr(WeightSync, "place", held_first_sync)
+    out = tmp_path / "async"
+    code, err = run_cli(capsys, "grpo", *grpo_args(tiny_dir("llama"), out, "train.epochs=4", *COMMON,
+                                                   "grpo.asynchronous.max_staleness=2"))
+    assert code == 0, err
+    assert held == [True], "the second step waited for the first weight sync"
+    assert [r["async/weight_syncs"] for r in records(out)] == [1, 2, 3, 4]
+    assert [r["sample/staleness_max"] for r in records(out)] == [0.0, 1.0, 2.0, 2.0]
+
+
+def test_a_failed_weight_sync_is_raised_where_the_trainer_waits():
+    """A batch whose weights never come (their sync failed) raises the sync's error instead of waiting forever."""
+    worker = RolloutWorker(lambda weights, job: job.batch)
+    try:
+        worker.publish(0, "v0")
+        worker.submit(Job(0, 0, None))
+        worker.submit(Job(1, 1, None))
+        assert worker.result(0) == 0
+        worker.fail(RuntimeError("the copy ran out of memory"))
+        with pytest.raises(RuntimeError, match="ran out of memory"):
+            worker.result(1)
+    finally:
+        worker.close()
 
 
 def test_a_resumed_run_equals_the_straight_one(tiny_dir, tmp_path, capsys):
