@@ -118,12 +118,13 @@ def keyword(out: Path, mode: str) -> dict:
 
 def overlap(out: Path, *extra: str) -> dict:
     """examples/keyword's job asynchronously with one version of slack (max_staleness 2) and 8 new tokens, so that
-    a batch generates in about the time a step trains, 12 steps, held-out evaluation off (it pauses the trainer):
-    the timeline's overlap and each side's busy share (`jaxcore bench --suite async`'s figures)."""
+    a batch generates in about the time a step trains, 24 steps as the suite runs (the last batches train with
+    nothing left to generate: over 12 steps that tail is a sixth of the window), held-out evaluation off (it pauses
+    the trainer): the timeline's overlap and each side's busy share (`jaxcore bench --suite async`'s figures)."""
     from jaxcore.bench.async_overlap import async_figures
 
     grpo(out / "overlap", "train.progress=false", "train.tensorboard=false", "train.checkpoint_every=-1",
-         "train.export_hf=false", "train.eval_every=-1", "train.epochs=12", "rollout.max_new_tokens=8",
+         "train.export_hf=false", "train.eval_every=-1", "train.epochs=24", "rollout.max_new_tokens=8",
          "grpo.asynchronous.max_staleness=2", *extra)
     got = async_figures(steps(out / "overlap"))
     lanes = got.pop("timeline")

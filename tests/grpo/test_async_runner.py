@@ -170,6 +170,21 @@ def test_a_resumed_run_equals_the_straight_one(tiny_dir, tmp_path, capsys):
     assert leaves > 0 and [r["async/weight_transfers"] for r in rows] == [s * leaves for s in (0, 1, 1, 2, 2, 3)]
 
 
+def test_a_resumed_fsdp_run_equals_the_straight_one(tiny_dir, tmp_path, capsys):
+    """grpo.fsdp=2 over the 4 training devices, max_staleness 1, a sync every 2 steps: stopped after 3 steps (its
+    sharded train state and the newest version's weights in the checkpoint, a batch stored as generated), then
+    resumed: the straight run bit for bit."""
+    model = tiny_dir("llama")
+    common = [*COMMON, "train.checkpoint_every=1", "grpo.fsdp=2", "grpo.asynchronous.rollout_devices=4",
+              "grpo.asynchronous.max_staleness=1", "grpo.asynchronous.weight_sync_steps=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run_cli(capsys, "grpo", *grpo_args(model, straight, "train.epochs=5", *common))[0] == 0
+    assert run_cli(capsys, "grpo", *grpo_args(model, resumed, "train.epochs=3", *common))[0] == 0
+    assert run_cli(capsys, "grpo", "--resume", *grpo_args(model, resumed, "train.epochs=5", *common))[0] == 0
+    same_run(straight, resumed)
+    assert [r["async/weight_syncs"] for r in records(resumed)] == [0, 1, 1, 2, 2]
+
+
 def test_a_weight_sync_moves_every_weight_once_device_to_device(monkeypatch):
     """Replicated training weights land replicated on the rollout devices with no array read back to the host."""
     from jax._src.array import ArrayImpl
