@@ -67,6 +67,7 @@ class GRPOAlgorithm(Algorithm):
     """GRPO on a jaxcore model: grouped rollouts, scoring, advantages, clipped policy-gradient steps."""
 
     name = "grpo"
+    syncs_in_background = False      # whether a thread reads the params while the next steps run (`GRPOLearner`)
 
     @classmethod
     def load_targets(cls, cfg: GRPOConfig) -> dict[str, Any]:
@@ -128,7 +129,8 @@ class GRPOAlgorithm(Algorithm):
         ref_path = cfg.grpo.ref_model_path
         ref_model = (lambda: load_any(ref_path, cfg.model.dtype, remat=cfg.model.remat,
                                       **self.load_targets(cfg))[0]) if ref_path else None
-        self.learner = GRPOLearner(model, cfg, mesh=self.mesh, ref_model=ref_model)
+        self.learner = GRPOLearner(model, cfg, mesh=self.mesh, ref_model=ref_model,
+                                   keep_params=self.syncs_in_background)
         self.rows = meshes.leading_axis(self.mesh, self.learner.batch_axes)
         self.eval_sharding = meshes.replicated(self.mesh)
         self.num_tokens = 0      # TRL's running count of prompt + completion tokens (skipped rollouts too)

@@ -25,6 +25,7 @@ how much generation and training overlap.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -48,6 +49,8 @@ from jaxcore.runtime.algorithm import StepResult
 from jaxcore.runtime.programs import PhaseClock, process_start_time
 from jaxcore.runtime.rollout import Rollout, RolloutOutput
 
+log = logging.getLogger(__name__)
+
 
 def device_groups(cfg: GRPOConfig) -> tuple[list[Any], list[Any]]:
     """(training devices, rollout devices): the first devices train, the last `rollout_devices` generate."""
@@ -58,6 +61,8 @@ def device_groups(cfg: GRPOConfig) -> tuple[list[Any], list[Any]]:
 
 class AsyncGRPOAlgorithm(GRPOAlgorithm):
     """GRPO with generation and training on disjoint device groups, on the deterministic schedule."""
+
+    syncs_in_background = True
 
     @classmethod
     def layout_refusal(cls, cfg: GRPOConfig, devices: int) -> str | None:
@@ -92,6 +97,7 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         self.rollout_rest = self.sync.place(self.learner.rest)        # non-trainable state (e.g. rope tables)
         self.newest = (0, self.sync.place(self.learner.state.params))   # the newest version on the rollout devices
         self._in_flight: tuple[int, Future] | None = None        # the version whose sync runs (`_publish`)
+        self._sync_waited = 0.0        # seconds the trainer waited for a sync since the last step's metrics
         self.finished = 0              # epochs (= optimizer steps, skipped ones included) done
         self.free = a.mode == "free_running"
         self.next_batch = 0            # the next batch to train (deterministic: = finished; free-running: past drops)
@@ -129,8 +135,10 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         if self.worker is not None:
             self.worker.close()
             self.worker = None
-        self._in_flight = None
+        in_flight, self._in_flight = self._in_flight, None
         self.sync.close()                  # after the sync still running, if any
+        if in_flight is not None and in_flight[1].exception() is not None:     # nothing waits for it any more
+            log.warning("the weight sync of version %d failed: %s", in_flight[0], in_flight[1].exception())
 
     # -- the rollout side ----------------------------------------------------------------------------------
 
@@ -194,6 +202,8 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         if f % s:
             return 0.0
         self._publish(f // s, self.learner.state.params)
+        if self.free:        # a free-running batch takes the newest weights when it starts: those of this sync
+            self._settle()
         return self.sync.seconds
 
     def _publish(self, version: int, params: Any) -> None:
@@ -212,7 +222,9 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         if self._in_flight is not None:
             version, future = self._in_flight
             self._in_flight = None
+            began = time.perf_counter()
             self.newest = (version, future.result())
+            self._sync_waited += time.perf_counter() - began
 
     # -- one epoch -------------------------------------------------------------------------------------------
 
@@ -255,8 +267,10 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         """A step's waits, weight syncs and staleness (TRL's `sample/staleness_*`): epoch `epoch` trained on a batch
         of weights version `version`."""
         staleness = float(self.schedule.trainer_version(epoch) - version)
+        sync_waited, self._sync_waited = self._sync_waited, 0.0
         return {"async/trainer_wait_s": waited, "async/rollout_wait_s": rollout_waited,
-                "async/weight_sync_s": sync_seconds, "async/weight_syncs": self.sync.syncs,
+                "async/weight_sync_s": sync_seconds, "async/weight_sync_wait_s": sync_waited,
+                "async/weight_syncs": self.sync.syncs,
                 "async/weight_transfers": self.sync.transfers, "async/version": version,
                 "sample/staleness_mean": staleness, "sample/staleness_max": staleness}
 

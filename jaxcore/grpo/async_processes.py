@@ -85,6 +85,8 @@ class AsyncGRPOAcrossProcesses(AsyncGRPOAlgorithm):
     def _weight_sync(self) -> ProcessSync:
         return ProcessSync(*device_groups(self.cfg), self.rollout_mesh)
 
+    syncs_in_background = False
+
     def _publish(self, version: int, params: Any) -> None:
         """The sync in line: a collective of both processes, run where both call it (never on a thread)."""
         self.newest = (version, self.sync.push(params))

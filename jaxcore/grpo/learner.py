@@ -91,7 +91,7 @@ class GRPOLearner:
 
     def __init__(self, model: Transformer, cfg: GRPOConfig, *, mesh: Mesh | None = None,
                  ref_model: RefModel = None, compute_dtype: str | None = None, remat: bool | None = None,
-                 fsdp_min_size: int = SHARD_MIN_SIZE):
+                 fsdp_min_size: int = SHARD_MIN_SIZE, keep_params: bool = False):
         self.cfg, self.mesh = cfg, mesh
         g = cfg.grpo
         model, initial, initial_scalings = lora.split_adapters(configure_model(model, compute_dtype, remat))
@@ -146,9 +146,10 @@ class GRPOLearner:
         self.state_shardings = state_shardings
         self.abstract_state = _abstract(self.state)     # what every step sees (the thread making programs reads it)
         step = make_train_step(self.build, cfg, self.optimizer, self.micro_sharding)
-        # asynchronous GRPO's weight sync reads a version's params on a thread of its own while the next steps run:
-        # its steps leave the params they are given intact (the rest of the state is donated, as always)
-        self.keeps_params = g.asynchronous is not None
+        # `keep_params` (asynchronous GRPO in one process, whose weight sync reads a version's params on a thread of
+        # its own while the next steps run): the steps leave the params they are given intact, at the cost of one
+        # more copy of them at the step's peak (the rest of the state is donated, as always)
+        self.keeps_params = keep_params
         if self.keeps_params:
             self._step = jax.jit(_keeping_params(step), donate_argnums=1, out_shardings=(state_shardings, None))
         else:

@@ -17,8 +17,9 @@ from jaxcore.grpo.async_weights import WeightSync
 from jaxcore.hf.convert import read_safetensors
 from jaxcore.parallel import meshes
 
-ASYNC_METRICS = ("async/trainer_wait_s", "async/rollout_wait_s", "async/weight_sync_s", "async/weight_syncs",
-                 "async/weight_transfers", "sample/staleness_mean", "sample/staleness_max", "ratio")
+ASYNC_METRICS = ("async/trainer_wait_s", "async/rollout_wait_s", "async/weight_sync_s", "async/weight_sync_wait_s",
+                 "async/weight_syncs", "async/weight_transfers", "sample/staleness_mean", "sample/staleness_max",
+                 "ratio")
 COMMON = ["train.eval_every=-1", "optimizer.schedule=constant"]
 
 
@@ -281,6 +282,9 @@ def test_free_running_trains_only_batches_within_max_staleness(tiny_dir, tmp_pat
     assert [r["sample/staleness_max"] for r in rows] == [0.0, 0.0, 0.0]
     drops = [r["sample/dropped_stale_total"] for r in rows]
     assert drops == sorted(drops) and all(r["async/batch"] == r["step"] - 1 + d for r, d in zip(rows, drops))
+    # at max_staleness 0 each batch is queued after the sync before it and takes its weights: none is dropped (it
+    # took the older version, and was dropped, when it started while those weights were still being copied)
+    assert drops == [0, 0, 0]
     assert [r["async/weight_syncs"] for r in rows] == [1, 2, 3]
     assert run_cli(capsys, "grpo", "--resume", *grpo_args(model, out, "train.epochs=4", *overrides))[0] == 0
     resumed = records(out)[-1]
