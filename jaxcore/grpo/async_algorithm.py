@@ -211,10 +211,9 @@ class AsyncGRPOAlgorithm(GRPOAlgorithm):
         are on the rollout devices; the trainer goes on meanwhile (its steps leave `params` intact). One sync at a
         time: the one before is waited for first (long done, unless syncs take longer than steps)."""
         self._settle()
-        worker = self.worker
-        future = self.sync.start(params, None if worker is None else lambda copied: worker.publish(version, copied))
-        if worker is not None:             # a failed copy is raised where the trainer waits for a batch
-            future.add_done_callback(lambda done: _fail_on_error(worker, done))
+        worker = self.worker                # started with the first step, before any sync
+        future = self.sync.start(params, lambda copied: worker.publish(version, copied))
+        future.add_done_callback(lambda done: _fail_on_error(worker, done))   # raised where the trainer waits
         self._in_flight = (version, future)
 
     def _settle(self) -> None:

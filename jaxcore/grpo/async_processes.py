@@ -67,6 +67,8 @@ def _plain(value: Any) -> Any:
 class AsyncGRPOAcrossProcesses(AsyncGRPOAlgorithm):
     """Asynchronous GRPO with the training devices on one process and the rollout devices on the other."""
 
+    syncs_in_background = False          # the sync is a collective, in line (`_publish`)
+
     def __init__(self, model: Any, tokenizer: Any, cfg: GRPOConfig, *, eos_token_ids: tuple[int, ...] = (),
                  rollout: Rollout | None = None):
         self.trainer, self.generator = process_roles(*device_groups(cfg))
@@ -84,8 +86,6 @@ class AsyncGRPOAcrossProcesses(AsyncGRPOAlgorithm):
 
     def _weight_sync(self) -> ProcessSync:
         return ProcessSync(*device_groups(self.cfg), self.rollout_mesh)
-
-    syncs_in_background = False
 
     def _publish(self, version: int, params: Any) -> None:
         """The sync in line: a collective of both processes, run where both call it (never on a thread)."""

@@ -69,10 +69,6 @@ class WeightSync:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxcore-weight-sync")
         return self._thread.submit(self._copy, params, then)
 
-    def push(self, params: Any) -> Any:
-        """One sync, waited for: the copy of `params` on the rollout mesh."""
-        return self.start(params).result()
-
     def close(self) -> None:
         """Wait for the syncs started, then let the sync thread go."""
         if self._thread is not None:

@@ -200,7 +200,7 @@ def test_a_weight_sync_moves_every_weight_once_device_to_device(monkeypatch):
         raise AssertionError("a weight went through the host")
 
     monkeypatch.setattr(ArrayImpl, "_value", property(no_host))
-    copies = [sync.push(placed) for _ in range(2)]
+    copies = [sync.start(placed).result() for _ in range(2)]
     monkeypatch.undo()
     assert (sync.syncs, sync.transfers) == (2, 2 * 2)          # two weights, each once per sync
     for copy in copies:
@@ -226,7 +226,7 @@ def test_an_fsdp_sharded_weight_moves_shard_by_shard_and_is_gathered_on_the_roll
         raise AssertionError("a weight went through the host")
 
     monkeypatch.setattr(ArrayImpl, "_value", property(no_host))
-    copy = sync.push(placed)
+    copy = sync.start(placed).result()
     monkeypatch.undo()
     assert (sync.syncs, sync.transfers) == (1, 2)
     for key, x in copy.items():
@@ -265,7 +265,7 @@ def test_a_sharded_weight_is_refused_between_groups_of_other_sizes():
     train = meshes.grpo_mesh(1, devices[:4])
     sharded = jax.device_put(np.zeros((4, 2), np.float32), meshes.leading_axis(train, "data"))
     with pytest.raises(ValueError, match="without a host round trip"):
-        WeightSync(meshes.grpo_mesh(1, devices[5:])).push({"w": sharded})
+        WeightSync(meshes.grpo_mesh(1, devices[5:])).start({"w": sharded}).result()
 
 
 def test_free_running_trains_only_batches_within_max_staleness(tiny_dir, tmp_path, capsys):
