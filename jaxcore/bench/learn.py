@@ -31,8 +31,9 @@ Results (`run`): `learn.best.<method>` (the mean over seeds of each run's best h
 first reached the threshold, null unless every seed reached it; the threshold is half-way from the start reward,
 the mean over every run's first evaluation, to the best final reward among methods, each method's final being its
 seeds' mean: `summarize`), `learn.rft.before` / `learn.rft.after` (RFT's first and last held-out reward, mean over
-seeds), the curves, the seeds' spread, evaluation seconds, steps and the load average of every run, and a PNG of
-the curves (`learn.reward_vs_time_png`).
+seeds), `learn.versus.<method>.<peer>` (the issue's checks: how long jaxcore GRPO takes to reach TRL's best, and
+jaxcore ES Qiu et al.'s loop's, against the peer's own time to it: `versus`), the curves, the seeds' spread,
+evaluation seconds, steps and the load average of every run, and a PNG of the curves (`learn.reward_vs_time_png`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ LABELS = {"jaxcore_grpo": "jaxcore GRPO", "trl_grpo": "TRL GRPO", "jaxcore_es": 
 TASK_DIR = Path(__file__).resolve().parents[2] / "examples" / "keyword"
 REWARD = "rewards.py:uses_keywords"
 DEFAULT_BUDGET_S, DEFAULT_EVAL_EVERY_S, DEFAULT_SEEDS = 480.0, 60.0, (0, 1)
+# issue 52's checks: (method, the peer whose best it must reach, the most of the peer's time it may take)
+PEER_CHECKS = (("jaxcore_grpo", "trl_grpo", 0.5), ("jaxcore_es", "qiu_loop", 0.1), ("jaxcore_es_qiu", "qiu_loop", 0.1))
 
 GRPO = {"prompts": 4, "generations": 8, "temperature": 1.0, "learning_rate": 2e-5}
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -158,6 +161,34 @@ def summarize(curves: dict[str, list[tuple[Sequence[float], Sequence[float]]]]) 
                                                  if all(t is not None for t in reached) else None)
         out[f"learn.time_to_threshold_s_seeds.{m}"] = [None if t is None else round(t, 1) for t in reached]
     return out
+
+
+def versus(curves: dict[str, list[tuple[Sequence[float], Sequence[float]]]], method: str, peer: str,
+           goal: float) -> dict[str, Any]:
+    """How fast `method` reaches `peer`'s best held-out reward, against the peer's own time to it: the level is the
+    peer's best (`learn.best.<peer>`: the mean over its seeds of each run's best), each side's time the mean over its
+    seeds of the first time a run reached that level (None unless every seed did), `ratio` the method's time over
+    the peer's. A peer whose best is not above its start (the mean of its runs' first evaluations) did not learn
+    within the budget: its time to its best is its first evaluation, so there is nothing to beat and `ratio` is
+    None (`peer_rose` false)."""
+    def mean_time(runs: list[tuple[Sequence[float], Sequence[float]]], level: float) -> float | None:
+        reached = [time_to_reach(times, rewards, level) for times, rewards in runs]
+        return None if any(t is None for t in reached) else statistics.fmean(t for t in reached if t is not None)
+
+    level = statistics.fmean(max(rewards) for _, rewards in curves[peer])
+    rose = level > statistics.fmean(rewards[0] for _, rewards in curves[peer]) + 1e-9
+    method_s, peer_s = mean_time(curves[method], level), mean_time(curves[peer], level)
+    ratio = method_s / peer_s if rose and method_s is not None and peer_s else None
+    return {"level": round(level, 4), "time_s": None if method_s is None else round(method_s, 1),
+            "peer_time_s": None if peer_s is None else round(peer_s, 1), "peer_rose": rose,
+            "ratio": None if ratio is None else round(ratio, 3), "goal": goal,
+            "met": None if ratio is None else ratio <= goal}
+
+
+def peer_checks(curves: dict[str, list[tuple[Sequence[float], Sequence[float]]]]) -> dict[str, Any]:
+    """`learn.versus.<method>.<peer>` (`versus`) for each of `PEER_CHECKS` whose two methods both ran."""
+    return {f"learn.versus.{m}.{peer}": versus(curves, m, peer, goal)
+            for m, peer, goal in PEER_CHECKS if m in curves and peer in curves}
 
 
 # -- the data and the reward, shared by every method -------------------------------------------------------
@@ -528,7 +559,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     results: dict[str, Any] = {"learn.methods": list(methods), "learn.seeds": list(seeds), "learn.budget_s": budget_s,
                                "learn.eval_every_s": every_s, "learn.model": str(path),
                                "learn.task": f"{TASK_DIR.name}: {REWARD}", "learn.settings": settings,
-                               **summarize(curves)}
+                               **summarize(curves), **peer_checks(curves)}
     for m in methods:
         results[f"learn.curves.{m}"] = [[got["times"], got["rewards"]] for got in runs[m]]
         results[f"learn.eval_s.{m}"] = [round(sum(got["eval_s"]), 2) for got in runs[m]]

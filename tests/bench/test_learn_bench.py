@@ -9,7 +9,7 @@ import json
 import pytest
 
 from jaxcore.bench import learn
-from jaxcore.bench.learn import Budget, summarize, threshold, time_to_reach
+from jaxcore.bench.learn import Budget, peer_checks, summarize, threshold, time_to_reach, versus
 from jaxcore.cli import main
 
 
@@ -70,6 +70,34 @@ def test_summary_per_method():
     assert got["learn.time_to_threshold_s.a"] == 10.0 and got["learn.time_to_threshold_s_seeds.a"] == [10.0, 10.0]
     assert got["learn.time_to_threshold_s.b"] is None and got["learn.time_to_threshold_s_seeds.b"] == [20.0, None]
     assert got["learn.time_to_threshold_s.c"] == 15.0
+
+
+def test_a_method_against_its_peers_best():
+    curves = {"fast": [([5, 30, 60], [0.4, 1.0, 1.0]), ([5, 30, 60], [0.4, 0.9, 1.0])],
+              "peer": [([5, 60, 120], [0.4, 0.8, 1.0]), ([5, 60, 120], [0.4, 1.0, 1.0])]}
+    got = versus(curves, "fast", "peer", 0.5)
+    assert got["level"] == 1.0 and got["peer_rose"]                       # the peer's best, mean over its seeds
+    assert got["time_s"] == 45.0 and got["peer_time_s"] == 90.0           # (30 + 60) / 2 against (120 + 60) / 2
+    assert got["ratio"] == 0.5 and got["met"] is True
+    slow = {"slow": [([5, 200], [0.4, 1.0]), ([5, 200], [0.4, 0.9])], "peer": curves["peer"]}
+    got = versus(slow, "slow", "peer", 0.5)
+    assert got["time_s"] is None and got["ratio"] is None and got["met"] is None   # one seed never reached it
+
+
+def test_a_peer_that_never_rose_above_its_start_has_no_time_to_beat():
+    curves = {"es": [([5, 30], [0.4, 0.45])], "qiu": [([10, 130, 270], [0.4, 0.4, 0.39])]}
+    got = versus(curves, "es", "qiu", 0.1)
+    assert got["level"] == 0.4 and got["peer_rose"] is False
+    assert got["time_s"] == 5.0 and got["peer_time_s"] == 10.0 and got["ratio"] is None and got["met"] is None
+
+
+def test_the_issues_checks_are_named_by_method_and_peer():
+    run = [([5, 60], [0.4, 0.6])]
+    every = {m: run for m in learn.METHODS}
+    assert set(peer_checks(every)) == {"learn.versus.jaxcore_grpo.trl_grpo", "learn.versus.jaxcore_es.qiu_loop",
+                                       "learn.versus.jaxcore_es_qiu.qiu_loop"}
+    assert peer_checks({"jaxcore_grpo": run, "rft": run}) == {}            # a check needs both of its methods
+    assert peer_checks(every)["learn.versus.jaxcore_es.qiu_loop"]["goal"] == 0.1
 
 
 class FakeClock:
