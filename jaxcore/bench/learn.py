@@ -142,6 +142,12 @@ def time_to_reach(times: Sequence[float], rewards: Sequence[float], level: float
     return next((float(t) for t, r in zip(times, rewards) if r >= level - 1e-9), None)
 
 
+def seeds_mean(reached: Sequence[float | None]) -> float | None:
+    """The seeds' mean of their times to a level (`time_to_reach`): None unless every seed got there."""
+    times = [t for t in reached if t is not None]
+    return statistics.fmean(times) if len(times) == len(reached) else None
+
+
 def summarize(curves: dict[str, list[tuple[Sequence[float], Sequence[float]]]]) -> dict[str, Any]:
     """Per method (curves: {method: [(times, rewards) per seed]}): the best reward (mean over seeds of each run's
     best) and its spread over seeds, the final reward (seeds' mean), the time to threshold (the seeds' mean when
@@ -157,8 +163,8 @@ def summarize(curves: dict[str, list[tuple[Sequence[float], Sequence[float]]]]) 
         out[f"learn.best.{m}"] = round(statistics.fmean(bests), 4)
         out[f"learn.best_spread.{m}"] = round(max(bests) - min(bests), 4)
         out[f"learn.final.{m}"] = round(finals[m], 4)
-        out[f"learn.time_to_threshold_s.{m}"] = (round(statistics.fmean(reached), 1)
-                                                 if all(t is not None for t in reached) else None)
+        mean_s = seeds_mean(reached)
+        out[f"learn.time_to_threshold_s.{m}"] = None if mean_s is None else round(mean_s, 1)
         out[f"learn.time_to_threshold_s_seeds.{m}"] = [None if t is None else round(t, 1) for t in reached]
     return out
 
@@ -171,13 +177,10 @@ def versus(curves: dict[str, list[tuple[Sequence[float], Sequence[float]]]], met
     the peer's. A peer whose best is not above its start (the mean of its runs' first evaluations) did not learn
     within the budget: its time to its best is its first evaluation, so there is nothing to beat and `ratio` is
     None (`peer_rose` false)."""
-    def mean_time(runs: list[tuple[Sequence[float], Sequence[float]]], level: float) -> float | None:
-        reached = [time_to_reach(times, rewards, level) for times, rewards in runs]
-        return None if any(t is None for t in reached) else statistics.fmean(t for t in reached if t is not None)
-
     level = statistics.fmean(max(rewards) for _, rewards in curves[peer])
     rose = level > statistics.fmean(rewards[0] for _, rewards in curves[peer]) + 1e-9
-    method_s, peer_s = mean_time(curves[method], level), mean_time(curves[peer], level)
+    method_s, peer_s = (seeds_mean([time_to_reach(times, rewards, level) for times, rewards in curves[side]])
+                        for side in (method, peer))
     ratio = method_s / peer_s if rose and method_s is not None and peer_s else None
     return {"level": round(level, 4), "time_s": None if method_s is None else round(method_s, 1),
             "peer_time_s": None if peer_s is None else round(peer_s, 1), "peer_rose": rose,
